@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs every Debian package Tessera needs; does nothing when all are present.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config clang libclang-rt-14-dev libomp-dev
+  libopenblas-dev zlib1g-dev libjansson-dev
+  libzmq3-dev libmsgpack-dev libuv1-dev libcmocka-dev
+  libopenmpi-dev openmpi-bin
+  python3-torch gnuplot-nox
+  dataset-fashion-mnist fortunes
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
