@@ -1,0 +1,347 @@
+/* job.c - job JSON: overrides, defaults and strict validation from one table.
+ *
+ * The schema is a tree of field descriptors. A section entry points at its
+ * child table; a leaf says its JSON kind, where it lives in ts_job, its
+ * default (JSON text, NULL = derived after parsing) and its bounds. Adding a
+ * section for a later issue = adding a member to ts_job and a table here.
+ */
+#include "proto/job.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef enum {
+    FIELD_INT,     /* int, bounded by [min, max] */
+    FIELD_INT64,   /* int64_t, bounded by [min, max] */
+    FIELD_STRING,  /* char[size], optional allowed character set */
+    FIELD_ENUM,    /* int index into choices (NULL-terminated) */
+    FIELD_SECTION, /* JSON object described by children */
+} field_kind;
+
+typedef struct field {
+    const char *key;
+    field_kind kind;
+    size_t offset;       /* offsetof(ts_job, ...) for leaves */
+    size_t size;         /* FIELD_STRING: buffer size */
+    const char *def;     /* default as JSON text; NULL = derived later */
+    long long min, max;  /* FIELD_INT / FIELD_INT64 bounds;
+                            FIELD_STRING: min = 1 when it must not be empty */
+    const char *charset; /* FIELD_STRING: allowed characters, NULL = any */
+    const char *const *choices;    /* FIELD_ENUM */
+    const struct field *children;  /* FIELD_SECTION, {0}-terminated */
+} field;
+
+static const char *const strategy_names[] = {"local", "standin", NULL};
+
+static const char name_charset[] =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-";
+
+#define INT_FIELD(k, member, d, lo, hi) \
+    {k, FIELD_INT, offsetof(ts_job, member), 0, d, lo, hi, NULL, NULL, NULL}
+#define INT64_FIELD(k, member, d, lo, hi) \
+    {k, FIELD_INT64, offsetof(ts_job, member), 0, d, lo, hi, NULL, NULL, NULL}
+#define STRING_FIELD(k, member, d, nonempty, cs)                              \
+    {k, FIELD_STRING, offsetof(ts_job, member), sizeof(((ts_job *)0)->member), \
+     d, nonempty, 0, cs, NULL, NULL}
+#define ENUM_FIELD(k, member, d, names) \
+    {k, FIELD_ENUM, offsetof(ts_job, member), 0, d, 0, 0, NULL, names, NULL}
+#define SECTION(k, table) {k, FIELD_SECTION, 0, 0, NULL, 0, 0, NULL, NULL, table}
+
+static const field parallel_fields[] = {
+    ENUM_FIELD("strategy", parallel.strategy, "\"local\"", strategy_names),
+    INT_FIELD("workers", parallel.workers, "1", 1, 1024),
+    INT_FIELD("servers", parallel.servers, "0", 0, 256),
+    INT_FIELD("min_workers", parallel.min_workers, NULL, 1, 1024),
+    INT_FIELD("max_workers", parallel.max_workers, NULL, 1, 1024),
+    INT_FIELD("max_restarts", parallel.max_restarts, "0", 0, 1000),
+    INT_FIELD("heartbeat_ms", parallel.heartbeat_ms, "500", 1, 60000),
+    INT_FIELD("heartbeat_timeout_ms", parallel.heartbeat_timeout_ms, "3000", 2,
+              600000),
+    INT_FIELD("barrier_timeout_ms", parallel.barrier_timeout_ms, "30000", 1,
+              86400000),
+    STRING_FIELD("bind", parallel.bind, "\"127.0.0.1\"", 1, NULL),
+    STRING_FIELD("key_file", parallel.key_file, "\"\"", 0, NULL),
+    {0},
+};
+
+static const field job_fields[] = {
+    STRING_FIELD("name", name, "\"job\"", 1, name_charset),
+    INT64_FIELD("seed", seed, "0", 0, INT64_MAX),
+    INT64_FIELD("steps", steps, "10", 0, INT64_MAX),
+    SECTION("parallel", parallel_fields),
+    {0},
+};
+
+const char *ts_job_strategy_name(ts_job_strategy s) {
+    if ((int)s < 0 || (size_t)s >= sizeof strategy_names / sizeof *strategy_names - 1)
+        return "?";
+    return strategy_names[s];
+}
+
+/* JSON type name as a user would say it. */
+static const char *type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "object";
+    case JSON_ARRAY: return "array";
+    case JSON_STRING: return "string";
+    case JSON_INTEGER: return "integer";
+    case JSON_REAL: return "real";
+    case JSON_TRUE:
+    case JSON_FALSE: return "boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
+}
+
+/* "a, b, c" of a table's keys or an enum's names, for error messages. */
+static void list_keys(const field *table, const char *const *names, char *out,
+                      size_t cap) {
+    size_t n = 0;
+    out[0] = '\0';
+    for (size_t i = 0; table ? table[i].key != NULL : names[i] != NULL; i++) {
+        const char *k = table ? table[i].key : names[i];
+        int w = snprintf(out + n, cap - n, "%s%s", i ? ", " : "", k);
+        if (w < 0 || (size_t)w >= cap - n) break;
+        n += (size_t)w;
+    }
+}
+
+/* Stores leaf value v (already known present) of field f into job. */
+static ts_status store_leaf(const field *f, const json_t *v, const char *path,
+                            ts_job *job) {
+    char *dst = (char *)job + f->offset;
+    switch (f->kind) {
+    case FIELD_INT:
+    case FIELD_INT64: {
+        if (!json_is_integer(v))
+            return ts_error(TS_ERR_FORMAT, "%s: expected integer, got %s", path,
+                            type_name(v));
+        json_int_t x = json_integer_value(v);
+        if (x < f->min || x > f->max)
+            return ts_error(TS_ERR_VALUE, "%s: %lld out of range [%lld, %lld]",
+                            path, (long long)x, f->min, f->max);
+        if (f->kind == FIELD_INT)
+            *(int *)dst = (int)x;
+        else
+            *(int64_t *)dst = (int64_t)x;
+        return TS_OK;
+    }
+    case FIELD_STRING: {
+        if (!json_is_string(v))
+            return ts_error(TS_ERR_FORMAT, "%s: expected string, got %s", path,
+                            type_name(v));
+        const char *s = json_string_value(v);
+        size_t len = json_string_length(v);
+        if (len >= f->size)
+            return ts_error(TS_ERR_VALUE, "%s: string of %zu bytes, limit %zu",
+                            path, len, f->size - 1);
+        if (f->min && len == 0)
+            return ts_error(TS_ERR_VALUE, "%s: must not be empty", path);
+        if (strlen(s) != len)
+            return ts_error(TS_ERR_VALUE, "%s: contains a NUL byte", path);
+        if (f->charset && strspn(s, f->charset) != len)
+            return ts_error(TS_ERR_VALUE,
+                            "%s: \"%s\" has a character outside [A-Za-z0-9._-]",
+                            path, s);
+        memcpy(dst, s, len + 1);
+        return TS_OK;
+    }
+    case FIELD_ENUM: {
+        if (!json_is_string(v))
+            return ts_error(TS_ERR_FORMAT, "%s: expected string, got %s", path,
+                            type_name(v));
+        const char *s = json_string_value(v);
+        for (int i = 0; f->choices[i]; i++) {
+            if (strcmp(s, f->choices[i]) == 0) {
+                *(int *)dst = i;
+                return TS_OK;
+            }
+        }
+        char known[256];
+        list_keys(NULL, f->choices, known, sizeof known);
+        return ts_error(TS_ERR_VALUE, "%s: \"%s\" is not one of: %s", path, s,
+                        known);
+    }
+    case FIELD_SECTION: break;
+    }
+    return ts_error(TS_ERR_STATE, "%s: not a leaf field", path);
+}
+
+/* Validates obj (an object, or NULL when the section is absent) against
+ * table and fills job; prefix is the dotted path of obj ("" or "a."). */
+static ts_status fill_section(const field *table, json_t *obj,
+                              const char *prefix, ts_job *job) {
+    const char *key;
+    json_t *val;
+    if (obj) {
+        json_object_foreach(obj, key, val) {
+            const field *f = table;
+            while (f->key && strcmp(f->key, key) != 0) f++;
+            if (!f->key) {
+                char known[512];
+                list_keys(table, NULL, known, sizeof known);
+                return ts_error(TS_ERR_FORMAT, "%s%s: unknown field (known: %s)",
+                                prefix, key, known);
+            }
+        }
+    }
+    for (const field *f = table; f->key; f++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s%s", prefix, f->key);
+        json_t *v = obj ? json_object_get(obj, f->key) : NULL;
+        ts_status st;
+        if (f->kind == FIELD_SECTION) {
+            if (v && !json_is_object(v))
+                return ts_error(TS_ERR_FORMAT, "%s: expected object, got %s",
+                                path, type_name(v));
+            char sub[sizeof path + 1];
+            snprintf(sub, sizeof sub, "%s.", path);
+            st = fill_section(f->children, v, sub, job);
+        } else if (v) {
+            st = store_leaf(f, v, path, job);
+        } else if (f->def) {
+            json_t *d = json_loads(f->def, JSON_DECODE_ANY, NULL);
+            if (!d) return ts_error(TS_ERR_MEMORY, "%s: default unreadable", path);
+            st = store_leaf(f, d, path, job);
+            json_decref(d);
+        } else {
+            st = TS_OK; /* derived in finish_job */
+        }
+        if (st != TS_OK) return st;
+    }
+    return TS_OK;
+}
+
+/* Derived defaults and checks that involve more than one field. */
+static ts_status finish_job(ts_job *job) {
+    ts_job_parallel *p = &job->parallel;
+    if (p->min_workers == 0) p->min_workers = p->workers;
+    if (p->max_workers == 0)
+        p->max_workers = p->workers > p->min_workers ? p->workers : p->min_workers;
+    if (p->min_workers > p->workers)
+        return ts_error(TS_ERR_VALUE,
+                        "parallel.min_workers: %d exceeds parallel.workers (%d)",
+                        p->min_workers, p->workers);
+    if (p->max_workers < p->workers)
+        return ts_error(TS_ERR_VALUE,
+                        "parallel.max_workers: %d is below parallel.workers (%d)",
+                        p->max_workers, p->workers);
+    if (p->heartbeat_timeout_ms <= p->heartbeat_ms)
+        return ts_error(TS_ERR_VALUE,
+                        "parallel.heartbeat_timeout_ms: %d must exceed "
+                        "parallel.heartbeat_ms (%d)",
+                        p->heartbeat_timeout_ms, p->heartbeat_ms);
+    return TS_OK;
+}
+
+ts_status ts_job_set(json_t *doc, const char *assignment) {
+    const char *eq = strchr(assignment, '=');
+    if (!eq || eq == assignment)
+        return ts_error(TS_ERR_VALUE, "--set %s: expected key.path=value",
+                        assignment);
+    char path[256];
+    size_t plen = (size_t)(eq - assignment);
+    if (plen >= sizeof path)
+        return ts_error(TS_ERR_VALUE, "--set: key path of %zu bytes is too long",
+                        plen);
+    memcpy(path, assignment, plen);
+    path[plen] = '\0';
+
+    json_t *obj = doc;
+    char *seg = path;
+    for (;;) {
+        char *dot = strchr(seg, '.');
+        if (dot) *dot = '\0';
+        if (*seg == '\0')
+            return ts_error(TS_ERR_VALUE, "--set %.*s: empty path segment",
+                            (int)plen, assignment);
+        if (!dot) break;
+        json_t *child = json_object_get(obj, seg);
+        if (!child) {
+            child = json_object();
+            if (!child || json_object_set_new(obj, seg, child) != 0)
+                return ts_error(TS_ERR_MEMORY, "--set: out of memory");
+        } else if (!json_is_object(child)) {
+            return ts_error(TS_ERR_VALUE, "--set %.*s: %s is not a section (got %s)",
+                            (int)plen, assignment, seg, type_name(child));
+        }
+        obj = child;
+        seg = dot + 1;
+    }
+    json_t *value = json_loads(eq + 1, JSON_DECODE_ANY, NULL);
+    if (!value) value = json_string(eq + 1);
+    if (!value || json_object_set_new(obj, seg, value) != 0)
+        return ts_error(TS_ERR_VALUE, "--set %s: value is not valid UTF-8",
+                        assignment);
+    return TS_OK;
+}
+
+/* Overrides, defaults and validation of a parsed document (borrowed). */
+static ts_status job_from_doc(json_t *doc, const char *const *sets, int nsets,
+                              ts_job *job) {
+    if (!json_is_object(doc))
+        return ts_error(TS_ERR_FORMAT, "job: expected a JSON object, got %s",
+                        type_name(doc));
+    for (int i = 0; i < nsets; i++) {
+        ts_status st = ts_job_set(doc, sets[i]);
+        if (st != TS_OK) return st;
+    }
+    memset(job, 0, sizeof *job);
+    ts_status st = fill_section(job_fields, doc, "", job);
+    return st != TS_OK ? st : finish_job(job);
+}
+
+ts_status ts_job_parse(const char *text, const char *const *sets, int nsets,
+                       ts_job *job) {
+    json_error_t err;
+    json_t *doc = json_loads(text, 0, &err);
+    if (!doc)
+        return ts_error(TS_ERR_FORMAT, "job: JSON error at line %d column %d: %s",
+                        err.line, err.column, err.text);
+    ts_status st = job_from_doc(doc, sets, nsets, job);
+    json_decref(doc);
+    return st;
+}
+
+ts_status ts_job_load(const char *path, const char *const *sets, int nsets,
+                      ts_job *job) {
+    json_error_t err;
+    json_t *doc = json_load_file(path, 0, &err);
+    if (!doc)
+        return ts_error(TS_ERR_FORMAT, "%s: line %d column %d: %s", path,
+                        err.line, err.column, err.text);
+    ts_status st = job_from_doc(doc, sets, nsets, job);
+    json_decref(doc);
+    if (st != TS_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ts_last_error());
+        ts_error(st, "%s: %s", path, msg);
+    }
+    return st;
+}
+
+/* JSON object of table's fields read back from job. */
+static json_t *section_to_json(const field *table, const ts_job *job) {
+    json_t *obj = json_object();
+    for (const field *f = table; obj && f->key; f++) {
+        const char *src = (const char *)job + f->offset;
+        json_t *v = NULL;
+        switch (f->kind) {
+        case FIELD_INT: v = json_integer(*(const int *)src); break;
+        case FIELD_INT64: v = json_integer(*(const int64_t *)src); break;
+        case FIELD_STRING: v = json_string(src); break;
+        case FIELD_ENUM: v = json_string(f->choices[*(const int *)src]); break;
+        case FIELD_SECTION: v = section_to_json(f->children, job); break;
+        }
+        if (!v || json_object_set_new(obj, f->key, v) != 0) {
+            json_decref(obj);
+            obj = NULL;
+        }
+    }
+    return obj;
+}
+
+json_t *ts_job_to_json(const ts_job *job) {
+    return section_to_json(job_fields, job);
+}

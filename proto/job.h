@@ -1,0 +1,72 @@
+/* job.h - the job configuration every Tessera process reads.
+ *
+ * A job is a JSON file. ts_job_load() reads it with jansson, applies
+ * "--set key.path=value" overrides to the document (value parsed as JSON when
+ * it parses, else taken as a string), fills defaults for missing fields and
+ * validates strictly against one schema table: an unknown field, an ill-typed
+ * field or a value out of range is an error naming the dotted field path,
+ * e.g. "parallel.workers: expected integer, got string". Sections are table
+ * entries (job.c); later sections (model, data, optimizer, ...) are added
+ * there. Unknown top-level sections are errors.
+ *
+ * A ts_job owns no heap memory: copy it, drop it, no free needed.
+ */
+#ifndef TS_JOB_H
+#define TS_JOB_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "kernels/status.h"
+
+/* How a job runs; keep in the order of the names in job.c. */
+typedef enum {
+    TS_STRATEGY_LOCAL = 0, /* training in one process (issue 4) */
+    TS_STRATEGY_STANDIN,   /* cluster stand-in loop: step-done + barrier */
+} ts_job_strategy;
+
+enum { TS_JOB_NAME_MAX = 64, TS_JOB_BIND_MAX = 256, TS_JOB_PATH_MAX = 1024 };
+
+typedef struct {
+    ts_job_strategy strategy;
+    int workers;              /* workers started by tessera-run */
+    int servers;              /* parameter-server shards */
+    int min_workers;          /* job runs while at least this many are alive */
+    int max_workers;          /* upper bound for elastic joins */
+    int max_restarts;         /* restart budget for failed workers (whole job) */
+    int heartbeat_ms;
+    int heartbeat_timeout_ms; /* silent longer -> declared dead */
+    int barrier_timeout_ms;   /* barrier not reached by all -> error */
+    char bind[TS_JOB_BIND_MAX];         /* host/interface to bind */
+    char key_file[TS_JOB_PATH_MAX];     /* "" = tessera-run generates one */
+} ts_job_parallel;
+
+typedef struct {
+    char name[TS_JOB_NAME_MAX]; /* job id on the wire; [A-Za-z0-9._-] */
+    int64_t seed;
+    int64_t steps;
+    ts_job_parallel parallel;
+} ts_job;
+
+/* Reads the job file at path, applies the nsets overrides ("a.b=value") in
+ * order, fills defaults and validates into *job. On failure *job is
+ * unspecified and the message names the file and the field. */
+ts_status ts_job_load(const char *path, const char *const *sets, int nsets,
+                      ts_job *job);
+
+/* Same as ts_job_load for a JSON document already in memory (text). */
+ts_status ts_job_parse(const char *text, const char *const *sets, int nsets,
+                       ts_job *job);
+
+/* Applies one "a.b.c=value" override to doc (an object), creating missing
+ * intermediate objects. Does not validate the field name. */
+ts_status ts_job_set(json_t *doc, const char *assignment);
+
+/* The job as a complete JSON object (every field, defaults included), new
+ * reference; NULL on allocation failure. */
+json_t *ts_job_to_json(const ts_job *job);
+
+/* Name of a strategy ("standin"). */
+const char *ts_job_strategy_name(ts_job_strategy s);
+
+#endif

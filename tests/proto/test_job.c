@@ -1,0 +1,172 @@
+/* test_job.c - job JSON: defaults, overrides, strict errors naming fields. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "proto/job.h"
+
+/* Asserts that parsing text with the overrides fails with a message
+ * containing want. */
+static void expect_error(const char *text, const char *const *sets, int nsets,
+                         const char *want) {
+    ts_job job;
+    ts_status st = ts_job_parse(text, sets, nsets, &job);
+    assert_int_not_equal(st, TS_OK);
+    if (!strstr(ts_last_error(), want)) {
+        fail_msg("error \"%s\" does not contain \"%s\"", ts_last_error(), want);
+    }
+}
+
+static void test_defaults(void **state) {
+    (void)state;
+    ts_job job;
+    assert_int_equal(ts_job_parse("{}", NULL, 0, &job), TS_OK);
+    assert_string_equal(job.name, "job");
+    assert_int_equal(job.steps, 10);
+    assert_int_equal(job.parallel.strategy, TS_STRATEGY_LOCAL);
+    assert_int_equal(job.parallel.workers, 1);
+    assert_int_equal(job.parallel.min_workers, 1);
+    assert_int_equal(job.parallel.max_workers, 1);
+    assert_string_equal(job.parallel.bind, "127.0.0.1");
+    assert_string_equal(job.parallel.key_file, "");
+}
+
+static void test_full_section(void **state) {
+    (void)state;
+    const char *text =
+        "{\"name\": \"demo-1\", \"seed\": 7, \"steps\": 30, \"parallel\": {"
+        "\"strategy\": \"standin\", \"workers\": 4, \"servers\": 2,"
+        "\"min_workers\": 3, \"max_workers\": 6, \"max_restarts\": 1,"
+        "\"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 1000,"
+        "\"barrier_timeout_ms\": 2000, \"bind\": \"0.0.0.0\","
+        "\"key_file\": \"/tmp/k\"}}";
+    ts_job job;
+    assert_int_equal(ts_job_parse(text, NULL, 0, &job), TS_OK);
+    assert_string_equal(job.name, "demo-1");
+    assert_int_equal(job.seed, 7);
+    assert_int_equal(job.steps, 30);
+    assert_int_equal(job.parallel.strategy, TS_STRATEGY_STANDIN);
+    assert_int_equal(job.parallel.workers, 4);
+    assert_int_equal(job.parallel.servers, 2);
+    assert_int_equal(job.parallel.min_workers, 3);
+    assert_int_equal(job.parallel.max_workers, 6);
+    assert_int_equal(job.parallel.max_restarts, 1);
+    assert_int_equal(job.parallel.heartbeat_ms, 100);
+    assert_int_equal(job.parallel.heartbeat_timeout_ms, 1000);
+    assert_int_equal(job.parallel.barrier_timeout_ms, 2000);
+    assert_string_equal(job.parallel.bind, "0.0.0.0");
+    assert_string_equal(job.parallel.key_file, "/tmp/k");
+    assert_string_equal(ts_job_strategy_name(job.parallel.strategy), "standin");
+}
+
+static void test_overrides(void **state) {
+    (void)state;
+    const char *sets[] = {"parallel.workers=3", "name=from-cli",
+                          "parallel.bind=10.0.0.5", "steps=5", "steps=6",
+                          "parallel.strategy=standin"};
+    ts_job job;
+    assert_int_equal(ts_job_parse("{\"parallel\": {\"workers\": 8}}", sets, 6,
+                                  &job), TS_OK);
+    assert_int_equal(job.parallel.workers, 3);
+    assert_string_equal(job.name, "from-cli"); /* not JSON -> string */
+    assert_string_equal(job.parallel.bind, "10.0.0.5");
+    assert_int_equal(job.steps, 6); /* the later override wins */
+    assert_int_equal(job.parallel.strategy, TS_STRATEGY_STANDIN);
+
+    /* a quoted JSON string stays a string, a bare number is an integer */
+    const char *quoted[] = {"parallel.workers=\"3\""};
+    expect_error("{}", quoted, 1, "parallel.workers: expected integer, got string");
+}
+
+static void test_errors_name_the_field(void **state) {
+    (void)state;
+    expect_error("{\"parallel\": {\"workers\": \"4\"}}", NULL, 0,
+                 "parallel.workers: expected integer, got string");
+    expect_error("{\"parallel\": {\"wrkers\": 4}}", NULL, 0,
+                 "parallel.wrkers: unknown field");
+    expect_error("{\"modle\": {}}", NULL, 0, "modle: unknown field");
+    expect_error("{\"parallel\": 3}", NULL, 0,
+                 "parallel: expected object, got integer");
+    expect_error("{\"steps\": 2.5}", NULL, 0, "steps: expected integer, got real");
+    expect_error("{\"parallel\": {\"workers\": 0}}", NULL, 0,
+                 "parallel.workers: 0 out of range");
+    expect_error("{\"parallel\": {\"strategy\": \"mpi\"}}", NULL, 0,
+                 "parallel.strategy: \"mpi\" is not one of: local, standin");
+    expect_error("{\"name\": \"a b\"}", NULL, 0, "name: \"a b\" has a character");
+    expect_error("{\"name\": \"\"}", NULL, 0, "name: must not be empty");
+    expect_error("{\"parallel\": {\"bind\": true}}", NULL, 0,
+                 "parallel.bind: expected string, got boolean");
+    expect_error("{\"parallel\": {\"workers\": 2, \"min_workers\": 3}}", NULL, 0,
+                 "parallel.min_workers: 3 exceeds parallel.workers (2)");
+    expect_error("{\"parallel\": {\"workers\": 4, \"max_workers\": 3}}", NULL, 0,
+                 "parallel.max_workers: 3 is below parallel.workers (4)");
+    expect_error("{\"parallel\": {\"heartbeat_ms\": 500, "
+                 "\"heartbeat_timeout_ms\": 400}}", NULL, 0,
+                 "parallel.heartbeat_timeout_ms: 400 must exceed");
+    expect_error("[1, 2]", NULL, 0, "expected a JSON object, got array");
+    expect_error("{\"steps\": ", NULL, 0, "JSON error at line 1");
+}
+
+static void test_override_errors(void **state) {
+    (void)state;
+    const char *noeq[] = {"parallel.workers"};
+    expect_error("{}", noeq, 1, "expected key.path=value");
+    const char *empty_seg[] = {"parallel..workers=2"};
+    expect_error("{}", empty_seg, 1, "empty path segment");
+    const char *through_leaf[] = {"steps.x=2"};
+    expect_error("{\"steps\": 3}", through_leaf, 1,
+                 "steps is not a section (got integer)");
+    expect_error("{}", through_leaf, 1, "steps: expected integer, got object");
+    const char *unknown[] = {"parallel.nope=1"};
+    expect_error("{}", unknown, 1, "parallel.nope: unknown field");
+}
+
+static void test_load_file_and_round_trip(void **state) {
+    (void)state;
+    char path[] = "/tmp/test_job_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char *text = "{\"name\": \"rt\", \"parallel\": {\"workers\": \"x\"}}";
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+
+    ts_job job;
+    assert_int_not_equal(ts_job_load(path, NULL, 0, &job), TS_OK);
+    assert_non_null(strstr(ts_last_error(), path)); /* names the file */
+    assert_non_null(strstr(ts_last_error(), "parallel.workers"));
+
+    const char *fix[] = {"parallel.workers=2", "parallel.strategy=standin"};
+    assert_int_equal(ts_job_load(path, fix, 2, &job), TS_OK);
+    unlink(path);
+
+    /* the full document parses back to the same job */
+    json_t *doc = ts_job_to_json(&job);
+    assert_non_null(doc);
+    char *dumped = json_dumps(doc, JSON_COMPACT);
+    json_decref(doc);
+    ts_job again;
+    assert_int_equal(ts_job_parse(dumped, NULL, 0, &again), TS_OK);
+    free(dumped);
+    assert_memory_equal(&job, &again, sizeof job);
+
+    assert_int_not_equal(ts_job_load("/nonexistent/job.json", NULL, 0, &job), TS_OK);
+    assert_non_null(strstr(ts_last_error(), "/nonexistent/job.json"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_full_section),
+        cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_errors_name_the_field),
+        cmocka_unit_test(test_override_errors),
+        cmocka_unit_test(test_load_file_and_round_trip),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
