@@ -1,0 +1,418 @@
+/* autograd.c - the tape: nodes, the backward engine, gradcheck. */
+#include "kernels/autograd.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Thread_local bool grad_off; /* grad mode is on unless set */
+
+bool ts_grad_enabled(void) { return !grad_off; }
+
+bool ts_grad_set_enabled(bool on) {
+    bool prev = !grad_off;
+    grad_off = !on;
+    return prev;
+}
+
+bool ts_autograd_needed(int n, ts_tensor *const *inputs) {
+    if (grad_off) return false;
+    for (int i = 0; i < n; i++)
+        if (inputs[i] && inputs[i]->requires_grad) return true;
+    return false;
+}
+
+ts_node *ts_node_new(const char *op, ts_backward_fn backward, int n, ts_tensor *const *inputs) {
+    ts_node *node = calloc(1, sizeof *node);
+    ts_tensor **ins = calloc((size_t)(n ? n : 1), sizeof *ins);
+    if (!node || !ins) {
+        free(node);
+        free(ins);
+        ts_error(TS_ERR_MEMORY, "%s: out of memory recording the autograd node", op);
+        return NULL;
+    }
+    node->op = op;
+    node->backward = backward;
+    node->n_inputs = n;
+    node->inputs = ins;
+    for (int i = 0; i < n; i++) ins[i] = ts_tensor_retain(inputs[i]);
+    node->refcount = 1;
+    return node;
+}
+
+void ts_node_attach(ts_tensor *out, ts_node *node) {
+    out->grad_fn = node;
+    out->requires_grad = true;
+    node->out_ndim = out->ndim;
+    memcpy(node->out_shape, out->shape, sizeof out->shape);
+    node->out_dtype = out->dtype;
+}
+
+ts_node *ts_autograd_record(ts_tensor *out, const char *op, ts_backward_fn backward, int n,
+                            ts_tensor *const *inputs) {
+    if (!out || !ts_autograd_needed(n, inputs)) return NULL;
+    ts_node *node = ts_node_new(op, backward, n, inputs);
+    if (node) ts_node_attach(out, node);
+    return node;
+}
+
+void ts_node_save(ts_node *node, int i, const ts_tensor *t) {
+    ts_tensor_release(node->saved[i]);
+    node->saved[i] = t ? ts_tensor_alias(t) : NULL;
+}
+
+bool ts_node_wants(const ts_node *node, int i) {
+    return node->inputs[i] && node->inputs[i]->requires_grad;
+}
+
+void ts_node_retain(ts_node *node) {
+    if (node) node->refcount++;
+}
+
+/* Releases what the node holds for backward: inputs, saved tensors, ctx. */
+static void node_free_state(ts_node *node) {
+    for (int i = 0; i < node->n_inputs; i++) {
+        ts_tensor_release(node->inputs[i]);
+        node->inputs[i] = NULL;
+    }
+    for (int i = 0; i < TS_NODE_MAX_SAVED; i++) {
+        ts_tensor_release(node->saved[i]);
+        node->saved[i] = NULL;
+    }
+    if (node->ctx_free) node->ctx_free(node->ctx);
+    node->ctx = NULL;
+    node->ctx_free = NULL;
+    ts_tensor_release(node->grad);
+    node->grad = NULL;
+}
+
+void ts_node_release(ts_node *node) {
+    if (!node || --node->refcount > 0) return;
+    node_free_state(node);
+    free(node->inputs);
+    free(node);
+}
+
+/* ---- gradient arithmetic used by the engine ---- */
+
+/* dst += src elementwise; same shape, any strides, float dtypes. */
+static void add_into(ts_tensor *dst, const ts_tensor *src) {
+    int64_t n = ts_tensor_numel(dst);
+    if (dst->dtype == src->dtype && ts_tensor_is_contiguous(dst) && ts_tensor_is_contiguous(src)) {
+        if (dst->dtype == TS_F32) {
+            float *d = ts_f32(dst);
+            const float *s = ts_f32(src);
+#pragma omp parallel for simd if (n > 65536)
+            for (int64_t i = 0; i < n; i++) d[i] += s[i];
+            return;
+        }
+        if (dst->dtype == TS_F64) {
+            double *d = ts_f64(dst);
+            const double *s = ts_f64(src);
+#pragma omp parallel for simd if (n > 65536)
+            for (int64_t i = 0; i < n; i++) d[i] += s[i];
+            return;
+        }
+    }
+    for (int64_t i = 0; i < n; i++) ts_tensor_set(dst, i, ts_tensor_get(dst, i) + ts_tensor_get(src, i));
+}
+
+ts_status ts_grad_accumulate(ts_tensor **slot, const ts_tensor *src) {
+    if (*slot) {
+        if (!ts_tensor_same_shape(*slot, src))
+            return ts_error(TS_ERR_SHAPE, "backward: gradient %s does not match .grad %s", ts_shape_str(src),
+                            ts_shape_str(*slot));
+        add_into(*slot, src);
+        return TS_OK;
+    }
+    *slot = ts_tensor_copy_as(src, src->dtype);
+    return *slot ? TS_OK : ts_last_status();
+}
+
+/* Pending (non-leaf) gradients may alias tensors the engine does not own,
+ * so a second arrival makes a fresh sum instead of adding in place. */
+static ts_status accumulate_pending(ts_tensor **slot, ts_tensor *src) {
+    if (!*slot) {
+        *slot = ts_tensor_retain(src);
+        return TS_OK;
+    }
+    ts_tensor *sum = ts_tensor_copy_as(*slot, (*slot)->dtype);
+    if (!sum) return ts_last_status();
+    add_into(sum, src);
+    ts_tensor_release(*slot);
+    *slot = sum;
+    return TS_OK;
+}
+
+ts_tensor *ts_sum_to(ts_tensor *g, int ndim, const int64_t *shape) {
+    int lead = g->ndim - ndim;
+    bool same = lead == 0;
+    for (int d = 0; same && d < ndim; d++) same = g->shape[d] == shape[d];
+    if (same) return ts_tensor_retain(g);
+    if (lead < 0) goto mismatch;
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] != 1 && shape[d] != g->shape[lead + d]) goto mismatch;
+    ts_tensor *out = ts_tensor_zeros(g->dtype, ndim, shape);
+    if (!out) return NULL;
+    /* Fast path: sum the rows of a contiguous g into a full trailing shape. */
+    bool trailing = ts_tensor_is_contiguous(g) && (g->dtype == TS_F32 || g->dtype == TS_F64);
+    for (int d = 0; trailing && d < ndim; d++) trailing = shape[d] == g->shape[lead + d];
+    if (trailing) {
+        int64_t inner = ts_tensor_numel(out), rows = ts_tensor_numel(g) / (inner ? inner : 1);
+        if (g->dtype == TS_F32) {
+            float *o = ts_f32(out);
+            const float *s = ts_f32(g);
+            for (int64_t r = 0; r < rows; r++)
+#pragma omp simd
+                for (int64_t j = 0; j < inner; j++) o[j] += s[r * inner + j];
+        } else {
+            double *o = ts_f64(out);
+            const double *s = ts_f64(g);
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t j = 0; j < inner; j++) o[j] += s[r * inner + j];
+        }
+        return out;
+    }
+    /* General path: walk g's multi-index, mapping reduced dims to 0. */
+    int64_t ostride[TS_MAX_DIMS] = {0}, idx[TS_MAX_DIMS] = {0};
+    for (int d = 0; d < ndim; d++) ostride[lead + d] = shape[d] == 1 ? 0 : out->strides[d];
+    int64_t n = ts_tensor_numel(g);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t oi = 0; /* out is contiguous: its logical index is its offset */
+        for (int d = 0; d < g->ndim; d++) oi += idx[d] * ostride[d];
+        ts_tensor_set(out, oi, ts_tensor_get(out, oi) + ts_tensor_get(g, i));
+        for (int d = g->ndim - 1; d >= 0; d--) {
+            if (++idx[d] < g->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+    return out;
+mismatch:
+    ts_error(TS_ERR_SHAPE, "backward: gradient of shape %s cannot be reduced to %s", ts_shape_str(g),
+             ts_dims_str(ndim, shape));
+    return NULL;
+}
+
+/* Brings a gradient to input x's shape and dtype (new reference). */
+static ts_tensor *fit_grad(const char *op, ts_tensor *g, const ts_tensor *x) {
+    ts_tensor *r = ts_sum_to(g, x->ndim, x->shape);
+    if (!r) {
+        ts_error(ts_last_status(), "backward of %s: %s", op, ts_last_error());
+        return NULL;
+    }
+    if (r->dtype != x->dtype) {
+        ts_tensor *c = ts_tensor_copy_as(r, x->dtype);
+        ts_tensor_release(r);
+        r = c;
+    }
+    return r;
+}
+
+/* ---- the engine ---- */
+
+typedef struct {
+    ts_node **items;
+    int n, cap;
+} node_list;
+
+static ts_status list_push(node_list *l, ts_node *n) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? l->cap * 2 : 64;
+        ts_node **items = realloc(l->items, sizeof *items * (size_t)cap);
+        if (!items) return ts_error(TS_ERR_MEMORY, "backward: out of memory");
+        l->items = items;
+        l->cap = cap;
+    }
+    l->items[l->n++] = n;
+    return TS_OK;
+}
+
+/* Collects every node reachable from root into all, counting for each the
+ * number of its consumers in the graph (pending). */
+static ts_status collect(ts_node *root, unsigned stamp, node_list *all) {
+    node_list stack = {0};
+    ts_status st = list_push(&stack, root);
+    root->visit = stamp;
+    root->pending = 0;
+    while (!st && stack.n) {
+        ts_node *n = stack.items[--stack.n];
+        if ((st = list_push(all, n))) break;
+        ts_node_retain(n);
+        for (int i = 0; i < n->n_inputs; i++) {
+            ts_tensor *x = n->inputs[i];
+            if (!x || !x->grad_fn || !x->requires_grad) continue;
+            ts_node *c = x->grad_fn;
+            if (c->freed) {
+                st = ts_error(TS_ERR_STATE,
+                              "backward: the graph through %s was already freed by an earlier backward", c->op);
+                break;
+            }
+            if (c->visit != stamp) {
+                c->visit = stamp;
+                c->pending = 0;
+                if ((st = list_push(&stack, c))) break;
+            }
+            c->pending++;
+        }
+    }
+    free(stack.items);
+    return st;
+}
+
+/* Runs one node's backward and routes the input gradients. Pushes inputs
+ * whose gradients are complete onto ready. */
+static ts_status run_node(ts_node *n, node_list *ready) {
+    ts_status st = TS_OK;
+    ts_tensor *g = n->grad;
+    n->grad = NULL;
+    ts_tensor **gin = calloc((size_t)(n->n_inputs ? n->n_inputs : 1), sizeof *gin);
+    if (!gin) return ts_error(TS_ERR_MEMORY, "backward: out of memory");
+    if (g) {
+        if (g->ndim != n->out_ndim || memcmp(g->shape, n->out_shape, sizeof(int64_t) * (size_t)g->ndim))
+            st = ts_error(TS_ERR_SHAPE, "backward of %s: gradient %s does not match output %s", n->op,
+                          ts_shape_str(g), ts_dims_str(n->out_ndim, n->out_shape));
+        else
+            st = n->backward(n, g, gin);
+    }
+    for (int i = 0; i < n->n_inputs; i++) {
+        ts_tensor *x = n->inputs[i];
+        if (!st && gin[i] && x && x->requires_grad) {
+            ts_tensor *fit = fit_grad(n->op, gin[i], x);
+            if (!fit) st = ts_last_status();
+            else if (x->grad_fn) st = accumulate_pending(&x->grad_fn->grad, fit);
+            else {
+                st = ts_grad_accumulate(&x->grad, fit);
+                if (!st && x->grad_hook) x->grad_hook(x, x->grad_hook_ctx);
+            }
+            ts_tensor_release(fit);
+        }
+        ts_tensor_release(gin[i]);
+        if (x && x->grad_fn && x->requires_grad && x->grad_fn->visit == n->visit && --x->grad_fn->pending == 0 &&
+            !st)
+            st = list_push(ready, x->grad_fn);
+    }
+    free(gin);
+    ts_tensor_release(g);
+    node_free_state(n); /* saved activations go as soon as they are used */
+    n->freed = true;
+    return st;
+}
+
+ts_status ts_backward(ts_tensor *t, ts_tensor *grad) {
+    static _Atomic unsigned stamps;
+    if (!t->requires_grad)
+        return ts_error(TS_ERR_STATE, "backward: tensor of shape %s does not require grad", ts_shape_str(t));
+    if (grad && !ts_tensor_same_shape(grad, t))
+        return ts_error(TS_ERR_SHAPE, "backward: gradient %s does not match tensor %s", ts_shape_str(grad),
+                        ts_shape_str(t));
+    if (!grad && ts_tensor_numel(t) != 1)
+        return ts_error(TS_ERR_SHAPE, "backward: tensor of shape %s is not a scalar; pass its gradient",
+                        ts_shape_str(t));
+    ts_tensor *seed = grad ? ts_tensor_retain(grad) : ts_tensor_full(t->dtype, t->ndim, t->shape, 1.0);
+    if (!seed) return ts_last_status();
+    if (!t->grad_fn) { /* a leaf: d t / d t */
+        ts_status st = ts_grad_accumulate(&t->grad, seed);
+        ts_tensor_release(seed);
+        return st;
+    }
+    if (t->grad_fn->freed) {
+        ts_tensor_release(seed);
+        return ts_error(TS_ERR_STATE, "backward: the graph through %s was already freed by an earlier backward",
+                        t->grad_fn->op);
+    }
+    bool prev = ts_grad_set_enabled(false);
+    node_list all = {0}, ready = {0};
+    unsigned stamp = ++stamps;
+    ts_status st = collect(t->grad_fn, stamp, &all);
+    if (!st) st = accumulate_pending(&t->grad_fn->grad, seed);
+    if (!st) st = list_push(&ready, t->grad_fn);
+    while (!st && ready.n) st = run_node(ready.items[--ready.n], &ready);
+    for (int i = 0; i < all.n; i++) {
+        node_free_state(all.items[i]);
+        all.items[i]->freed = true;
+        ts_node_release(all.items[i]);
+    }
+    free(all.items);
+    free(ready.items);
+    ts_tensor_release(seed);
+    ts_grad_set_enabled(prev);
+    return st;
+}
+
+ts_status ts_set_requires_grad(ts_tensor *t, bool on) {
+    if (t->grad_fn)
+        return ts_error(TS_ERR_STATE, "requires_grad: tensor %s is the result of %s, not a leaf", ts_shape_str(t),
+                        t->grad_fn->op);
+    if (on && !ts_dtype_is_float(t->dtype))
+        return ts_error(TS_ERR_DTYPE, "requires_grad: dtype %s cannot have gradients", ts_dtype_name(t->dtype));
+    t->requires_grad = on;
+    return TS_OK;
+}
+
+void ts_zero_grad(ts_tensor *t) {
+    if (t->grad) ts_tensor_fill_(t->grad, 0.0);
+}
+
+/* ---- gradcheck ---- */
+
+/* sum_i y_i * w_i, in double. */
+static double weighted_sum(const ts_tensor *y, const ts_tensor *w) {
+    double s = 0;
+    int64_t n = ts_tensor_numel(y);
+    for (int64_t i = 0; i < n; i++) s += ts_tensor_get(y, i) * ts_tensor_get(w, i);
+    return s;
+}
+
+/* fn evaluated with grad mode off, reduced with weights w. */
+static ts_status probe(ts_gradcheck_fn fn, void *ctx, ts_tensor *const *inputs, const ts_tensor *w, double *out) {
+    bool prev = ts_grad_set_enabled(false);
+    ts_tensor *y = fn(inputs, ctx);
+    ts_grad_set_enabled(prev);
+    if (!y) return ts_last_status();
+    *out = weighted_sum(y, w);
+    ts_tensor_release(y);
+    return TS_OK;
+}
+
+ts_status ts_gradcheck(ts_gradcheck_fn fn, void *ctx, int n, ts_tensor *const *inputs, double eps, double atol,
+                       double rtol) {
+    for (int i = 0; i < n; i++) {
+        if (ts_check_tensor("gradcheck", "input", inputs[i], TS_MASK(TS_F64) | TS_INTS | TS_MASK(TS_U8)))
+            return ts_last_status();
+        if (inputs[i]->requires_grad && inputs[i]->grad_fn)
+            return ts_error(TS_ERR_STATE, "gradcheck: input %d is not a leaf", i);
+        ts_tensor_release(inputs[i]->grad);
+        inputs[i]->grad = NULL;
+    }
+    ts_tensor *y = fn(inputs, ctx);
+    if (!y) return ts_last_status();
+    if (!y->requires_grad) {
+        ts_tensor_release(y);
+        return ts_error(TS_ERR_STATE, "gradcheck: output does not depend on any input with requires_grad");
+    }
+    ts_tensor *w = ts_tensor_randn(ts_key_from_seed(0x6772616463686b), TS_F64, y->ndim, y->shape);
+    ts_status st = w ? ts_backward(y, w) : ts_last_status();
+    ts_tensor_release(y);
+    for (int i = 0; !st && i < n; i++) {
+        ts_tensor *x = inputs[i];
+        if (!x->requires_grad) continue;
+        int64_t m = ts_tensor_numel(x);
+        for (int64_t j = 0; !st && j < m; j++) {
+            double orig = ts_tensor_get(x, j), fp = 0, fm = 0;
+            ts_tensor_set(x, j, orig + eps);
+            st = probe(fn, ctx, inputs, w, &fp);
+            ts_tensor_set(x, j, orig - eps);
+            if (!st) st = probe(fn, ctx, inputs, w, &fm);
+            ts_tensor_set(x, j, orig);
+            if (st) break;
+            double num = (fp - fm) / (2 * eps);
+            double ana = x->grad ? ts_tensor_get(x->grad, j) : 0.0;
+            if (!(fabs(ana - num) <= atol + rtol * fabs(num)))
+                st = ts_error(TS_ERR_VALUE,
+                              "gradcheck: input %d %s element %lld: analytic %.10g vs numeric %.10g", i,
+                              ts_shape_str(x), (long long)j, ana, num);
+        }
+    }
+    ts_tensor_release(w);
+    return st;
+}

@@ -1,0 +1,113 @@
+/* autograd.h - define-by-run reverse-mode differentiation.
+ *
+ * An op that sees an input with requires_grad (while grad mode is on) records
+ * a ts_node: its backward function, its inputs (retained) and whatever it
+ * saved. The output tensor owns the node through grad_fn. ts_backward()
+ * walks the graph from a tensor in reverse topological order, calls each
+ * node's backward once all gradients of its output have arrived, and
+ * accumulates leaf gradients into .grad (adding to what is there, until
+ * ts_zero_grad). The engine itself reduces a gradient over broadcast
+ * dimensions and converts it to the input's dtype, so op backward functions
+ * return gradients of the broadcast shape. After backward the graph's saved
+ * state is freed; a second backward through it is an error.
+ *
+ * Backward functions run with grad mode off. Saving an op's own output must
+ * use ts_tensor_alias() (no grad_fn) to avoid a reference cycle.
+ */
+#ifndef TS_AUTOGRAD_H
+#define TS_AUTOGRAD_H
+
+#include <stdbool.h>
+
+#include "kernels/tensor.h"
+
+#define TS_NODE_MAX_SAVED 8
+
+/* Fills grad_in[i] (new references) for each input i that needs a gradient
+ * (ts_node_wants(node, i)); others stay NULL. grad_out is the gradient of
+ * the node's output, with the output's shape. */
+typedef ts_status (*ts_backward_fn)(ts_node *node, ts_tensor *grad_out, ts_tensor **grad_in);
+
+struct ts_node {
+    const char *op;
+    ts_backward_fn backward;
+    int n_inputs;
+    ts_tensor **inputs;                  /* retained */
+    ts_tensor *saved[TS_NODE_MAX_SAVED]; /* retained, no history */
+    int64_t iargs[16];                   /* op attributes */
+    double fargs[8];
+    void *ctx;                           /* op-owned extra state */
+    void (*ctx_free)(void *ctx);
+    /* engine state */
+    _Atomic int refcount;
+    int out_ndim;
+    int64_t out_shape[TS_MAX_DIMS];
+    ts_dtype out_dtype;
+    ts_tensor *grad; /* pending gradient during backward */
+    int pending;     /* consumers not yet processed during backward */
+    bool freed;      /* backward already ran and released saved state */
+    unsigned visit;  /* stamp of the last backward pass that reached it */
+};
+
+/* Grad mode: on by default, per thread. ts_grad_set_enabled returns the
+ * previous state so scopes nest: bool prev = ts_grad_set_enabled(false);
+ * ...; ts_grad_set_enabled(prev); */
+bool ts_grad_enabled(void);
+bool ts_grad_set_enabled(bool on);
+
+/* True when grad mode is on and any of the n inputs requires grad. */
+bool ts_autograd_needed(int n, ts_tensor *const *inputs);
+
+/* A node for op with n inputs (each retained; NULL entries allowed). */
+ts_node *ts_node_new(const char *op, ts_backward_fn backward, int n, ts_tensor *const *inputs);
+
+/* Makes node the grad_fn of out (out takes the caller's node reference). */
+void ts_node_attach(ts_tensor *out, ts_node *node);
+
+/* Records op on out when needed: ts_autograd_needed(n, inputs) ? a new node
+ * attached to out : NULL. The returned node is borrowed (owned by out), so the
+ * op can save tensors and attributes into it. */
+ts_node *ts_autograd_record(ts_tensor *out, const char *op, ts_backward_fn backward, int n,
+                            ts_tensor *const *inputs);
+
+/* Saves an alias of t (no history) in slot i of node. */
+void ts_node_save(ts_node *node, int i, const ts_tensor *t);
+
+/* Whether input i of node needs a gradient. */
+bool ts_node_wants(const ts_node *node, int i);
+
+void ts_node_retain(ts_node *node);
+void ts_node_release(ts_node *node);
+
+/* Backpropagates from t. With grad NULL, t must hold one element (grad 1);
+ * else grad has t's shape. Fails if t does not require grad, or its graph
+ * was already consumed by an earlier backward. */
+ts_status ts_backward(ts_tensor *t, ts_tensor *grad);
+
+/* Sets requires_grad on a leaf (fails on a tensor with history). */
+ts_status ts_set_requires_grad(ts_tensor *t, bool on);
+
+/* Zeros t->grad in place if present. */
+void ts_zero_grad(ts_tensor *t);
+
+/* Adds src into the gradient slot *slot (allocating a copy if *slot is
+ * NULL), converting dtype; shapes must match. */
+ts_status ts_grad_accumulate(ts_tensor **slot, const ts_tensor *src);
+
+/* Reduces g (broadcast result) to the given shape by summing over the
+ * broadcast dimensions. Returns a new reference (g itself retained when the
+ * shapes already match). */
+ts_tensor *ts_sum_to(ts_tensor *g, int ndim, const int64_t *shape);
+
+/* A scalar function of tensors for gradcheck: returns a new tensor. */
+typedef ts_tensor *(*ts_gradcheck_fn)(ts_tensor *const *inputs, void *ctx);
+
+/* Checks fn's analytic gradients against central finite differences.
+ * Inputs must be f64 leaves; those with requires_grad are checked. The
+ * output is reduced with fixed random weights so every output element
+ * counts. Returns TS_OK, or an error naming the input, the element and both
+ * values when |analytic - numeric| > atol + rtol * |numeric|. */
+ts_status ts_gradcheck(ts_gradcheck_fn fn, void *ctx, int n, ts_tensor *const *inputs, double eps,
+                       double atol, double rtol);
+
+#endif

@@ -1,0 +1,427 @@
+/* tensor.c - storage, views, creation, element access, copies, printing. */
+#include "kernels/tensor.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/alloc.h"
+#include "kernels/autograd.h"
+#include "kernels/threads.h"
+
+static const size_t dtype_sizes[TS_NDTYPES] = {4, 8, 2, 4, 8, 1};
+static const char *dtype_names[TS_NDTYPES] = {"f32", "f64", "bf16", "i32", "i64", "u8"};
+
+size_t ts_dtype_size(ts_dtype dt) { return (unsigned)dt < TS_NDTYPES ? dtype_sizes[dt] : 0; }
+
+const char *ts_dtype_name(ts_dtype dt) { return (unsigned)dt < TS_NDTYPES ? dtype_names[dt] : "?"; }
+
+bool ts_dtype_is_float(ts_dtype dt) { return dt == TS_F32 || dt == TS_F64 || dt == TS_BF16; }
+
+const char *ts_device_name(ts_device d) { return d == TS_CPU ? "cpu" : "cuda"; }
+
+uint16_t ts_bf16_from_f32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float ts_f32_from_bf16(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* ---- storage ---- */
+
+ts_storage *ts_storage_wrap(void *data, size_t nbytes, void (*release)(void *, size_t, void *), void *ctx) {
+    ts_storage *s = calloc(1, sizeof *s);
+    if (!s) {
+        ts_error(TS_ERR_MEMORY, "storage: out of memory");
+        return NULL;
+    }
+    s->data = data;
+    s->nbytes = nbytes;
+    s->refcount = 1;
+    s->device = TS_CPU;
+    s->release = release;
+    s->release_ctx = ctx;
+    return s;
+}
+
+/* Storage of nbytes from the caching allocator. */
+static void alloc_release(void *data, size_t nbytes, void *ctx) {
+    (void)ctx;
+    ts_free(data, nbytes);
+}
+
+static ts_storage *storage_new(size_t nbytes) {
+    ts_threads_init();
+    void *data = ts_alloc(nbytes);
+    if (!data) return NULL;
+    ts_storage *s = ts_storage_wrap(data, nbytes, alloc_release, NULL);
+    if (!s) ts_free(data, nbytes);
+    return s;
+}
+
+void ts_storage_retain(ts_storage *s) { s->refcount++; }
+
+void ts_storage_release(ts_storage *s) {
+    if (!s || --s->refcount > 0) return;
+    if (s->release) s->release(s->data, s->nbytes, s->release_ctx);
+    free(s);
+}
+
+/* ---- views ---- */
+
+void ts_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
+    int64_t st = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        strides[d] = st;
+        st *= shape[d] > 0 ? shape[d] : 1;
+    }
+}
+
+int ts_dim_index(int dim, int ndim) {
+    if (dim < 0) dim += ndim;
+    return dim >= 0 && dim < ndim ? dim : -1;
+}
+
+static ts_status check_shape(const char *op, int ndim, const int64_t *shape) {
+    if (ndim < 0 || ndim > TS_MAX_DIMS)
+        return ts_error(TS_ERR_SHAPE, "%s: %d dims is outside 0..%d", op, ndim, TS_MAX_DIMS);
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] < 0)
+            return ts_error(TS_ERR_SHAPE, "%s: shape %s has a negative size at dim %d", op,
+                            ts_dims_str(ndim, shape), d);
+    return TS_OK;
+}
+
+static int64_t shape_numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    return n;
+}
+
+ts_tensor *ts_tensor_from_storage(ts_storage *s, ts_dtype dt, int64_t offset, int ndim,
+                                  const int64_t *shape, const int64_t *strides) {
+    if (check_shape("view", ndim, shape)) return NULL;
+    if ((unsigned)dt >= TS_NDTYPES) {
+        ts_error(TS_ERR_DTYPE, "view: unknown dtype %d", (int)dt);
+        return NULL;
+    }
+    ts_tensor *t = calloc(1, sizeof *t);
+    if (!t) {
+        ts_error(TS_ERR_MEMORY, "view: out of memory");
+        return NULL;
+    }
+    t->ndim = ndim;
+    memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    if (strides)
+        memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
+    else
+        ts_contiguous_strides(ndim, shape, t->strides);
+    /* the view's extent must lie inside the storage */
+    int64_t lo = offset, hi = offset;
+    bool empty = false;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] == 0) empty = true;
+        int64_t span = (shape[d] - 1) * t->strides[d];
+        if (span < 0) lo += span; else hi += span;
+    }
+    size_t esz = ts_dtype_size(dt);
+    if (!empty && (lo < 0 || (size_t)(hi + 1) * esz > s->nbytes)) {
+        ts_error(TS_ERR_SHAPE, "view: shape %s at offset %lld does not fit storage of %zu bytes",
+                 ts_dims_str(ndim, shape), (long long)offset, s->nbytes);
+        free(t);
+        return NULL;
+    }
+    t->storage = s;
+    ts_storage_retain(s);
+    t->offset = offset;
+    t->dtype = dt;
+    t->refcount = 1;
+    return t;
+}
+
+ts_tensor *ts_tensor_empty(ts_dtype dt, int ndim, const int64_t *shape) {
+    if (check_shape("empty", ndim, shape)) return NULL;
+    if ((unsigned)dt >= TS_NDTYPES) {
+        ts_error(TS_ERR_DTYPE, "empty: unknown dtype %d", (int)dt);
+        return NULL;
+    }
+    ts_storage *s = storage_new((size_t)shape_numel(ndim, shape) * ts_dtype_size(dt));
+    if (!s) return NULL;
+    ts_tensor *t = ts_tensor_from_storage(s, dt, 0, ndim, shape, NULL);
+    ts_storage_release(s);
+    return t;
+}
+
+ts_tensor *ts_tensor_retain(ts_tensor *t) {
+    if (t) t->refcount++;
+    return t;
+}
+
+void ts_tensor_release(ts_tensor *t) {
+    if (!t || --t->refcount > 0) return;
+    ts_tensor_release(t->grad);
+    ts_node_release(t->grad_fn);
+    ts_storage_release(t->storage);
+    free(t);
+}
+
+ts_tensor *ts_tensor_alias(const ts_tensor *t) {
+    return ts_tensor_from_storage(t->storage, t->dtype, t->offset, t->ndim, t->shape, t->strides);
+}
+
+int64_t ts_tensor_numel(const ts_tensor *t) { return shape_numel(t->ndim, t->shape); }
+
+size_t ts_tensor_nbytes(const ts_tensor *t) { return (size_t)ts_tensor_numel(t) * ts_dtype_size(t->dtype); }
+
+bool ts_tensor_is_contiguous(const ts_tensor *t) {
+    int64_t st = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        if (t->shape[d] != 1 && t->strides[d] != st) return false;
+        st *= t->shape[d];
+    }
+    return true;
+}
+
+bool ts_tensor_same_shape(const ts_tensor *a, const ts_tensor *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+void *ts_tensor_data(const ts_tensor *t) {
+    return (char *)t->storage->data + (size_t)t->offset * ts_dtype_size(t->dtype);
+}
+
+int64_t ts_tensor_offset_of(const ts_tensor *t, int64_t i) {
+    int64_t off = t->offset;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        int64_t n = t->shape[d];
+        off += (i % n) * t->strides[d];
+        i /= n;
+    }
+    return off;
+}
+
+/* Reads the element at storage offset off as double. */
+static double load(const ts_tensor *t, int64_t off) {
+    const void *base = t->storage->data;
+    switch (t->dtype) {
+    case TS_F32: return ((const float *)base)[off];
+    case TS_F64: return ((const double *)base)[off];
+    case TS_BF16: return ts_f32_from_bf16(((const uint16_t *)base)[off]);
+    case TS_I32: return ((const int32_t *)base)[off];
+    case TS_I64: return (double)((const int64_t *)base)[off];
+    case TS_U8: return ((const uint8_t *)base)[off];
+    default: return NAN;
+    }
+}
+
+/* Writes v at storage offset off, converting to t's dtype. */
+static void store(ts_tensor *t, int64_t off, double v) {
+    void *base = t->storage->data;
+    switch (t->dtype) {
+    case TS_F32: ((float *)base)[off] = (float)v; break;
+    case TS_F64: ((double *)base)[off] = v; break;
+    case TS_BF16: ((uint16_t *)base)[off] = ts_bf16_from_f32((float)v); break;
+    case TS_I32: ((int32_t *)base)[off] = (int32_t)v; break;
+    case TS_I64: ((int64_t *)base)[off] = (int64_t)v; break;
+    case TS_U8: ((uint8_t *)base)[off] = (uint8_t)v; break;
+    default: break;
+    }
+}
+
+double ts_tensor_get(const ts_tensor *t, int64_t i) { return load(t, ts_tensor_offset_of(t, i)); }
+
+void ts_tensor_set(ts_tensor *t, int64_t i, double v) { store(t, ts_tensor_offset_of(t, i), v); }
+
+double ts_tensor_item(const ts_tensor *t) { return load(t, t->offset); }
+
+ts_status ts_tensor_fill_(ts_tensor *t, double v) {
+    int64_t n = ts_tensor_numel(t);
+    if (ts_tensor_is_contiguous(t) && t->dtype == TS_F32) {
+        float *p = ts_f32(t);
+        for (int64_t i = 0; i < n; i++) p[i] = (float)v;
+        return TS_OK;
+    }
+    for (int64_t i = 0; i < n; i++) ts_tensor_set(t, i, v);
+    return TS_OK;
+}
+
+ts_status ts_tensor_copy_(ts_tensor *dst, const ts_tensor *src) {
+    if (!ts_tensor_same_shape(dst, src))
+        return ts_error(TS_ERR_SHAPE, "copy: destination %s and source %s differ", ts_shape_str(dst),
+                        ts_shape_str(src));
+    int64_t n = ts_tensor_numel(src);
+    if (dst->dtype == src->dtype && ts_tensor_is_contiguous(dst) && ts_tensor_is_contiguous(src)) {
+        memmove(ts_tensor_data(dst), ts_tensor_data(src), (size_t)n * ts_dtype_size(src->dtype));
+        return TS_OK;
+    }
+    if (dst->dtype == TS_F32 && src->dtype == TS_F32) {
+#pragma omp parallel for if (n > 32768)
+        for (int64_t i = 0; i < n; i++)
+            ((float *)dst->storage->data)[ts_tensor_offset_of(dst, i)] =
+                ((const float *)src->storage->data)[ts_tensor_offset_of(src, i)];
+        return TS_OK;
+    }
+#pragma omp parallel for if (n > 32768)
+    for (int64_t i = 0; i < n; i++) store(dst, ts_tensor_offset_of(dst, i), load(src, ts_tensor_offset_of(src, i)));
+    return TS_OK;
+}
+
+ts_tensor *ts_tensor_copy_as(const ts_tensor *t, ts_dtype dt) {
+    ts_tensor *out = ts_tensor_empty(dt, t->ndim, t->shape);
+    if (out && ts_tensor_copy_(out, t)) {
+        ts_tensor_release(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* ---- creation ---- */
+
+ts_tensor *ts_tensor_full(ts_dtype dt, int ndim, const int64_t *shape, double value) {
+    ts_tensor *t = ts_tensor_empty(dt, ndim, shape);
+    if (t) ts_tensor_fill_(t, value);
+    return t;
+}
+
+ts_tensor *ts_tensor_zeros(ts_dtype dt, int ndim, const int64_t *shape) {
+    ts_tensor *t = ts_tensor_empty(dt, ndim, shape);
+    if (t) memset(t->storage->data, 0, t->storage->nbytes);
+    return t;
+}
+
+ts_tensor *ts_tensor_ones(ts_dtype dt, int ndim, const int64_t *shape) { return ts_tensor_full(dt, ndim, shape, 1.0); }
+
+ts_tensor *ts_tensor_scalar(ts_dtype dt, double value) { return ts_tensor_full(dt, 0, NULL, value); }
+
+ts_tensor *ts_tensor_arange(ts_dtype dt, double start, double end, double step) {
+    if (step == 0 || !isfinite(start) || !isfinite(end) || !isfinite(step)) {
+        ts_error(TS_ERR_VALUE, "arange: start %g, end %g, step %g do not make a range", start, end, step);
+        return NULL;
+    }
+    double count = ceil((end - start) / step);
+    int64_t n = count > 0 ? (int64_t)count : 0;
+    ts_tensor *t = ts_tensor_empty(dt, 1, &n);
+    if (!t) return NULL;
+    for (int64_t i = 0; i < n; i++) ts_tensor_set(t, i, start + (double)i * step);
+    return t;
+}
+
+ts_tensor *ts_tensor_from_data(ts_dtype dt, int ndim, const int64_t *shape, const void *data) {
+    ts_tensor *t = ts_tensor_empty(dt, ndim, shape);
+    if (t) memcpy(t->storage->data, data, ts_tensor_nbytes(t));
+    return t;
+}
+
+/* A tensor of float dtype dt filled from the uniform (normal = false) or
+ * normal stream of key, then scaled: x * scale + shift. */
+static ts_tensor *random_tensor(const char *op, ts_key key, ts_dtype dt, int ndim, const int64_t *shape,
+                                bool normal, double scale, double shift) {
+    if (!ts_dtype_is_float(dt)) {
+        ts_error(TS_ERR_DTYPE, "%s: dtype %s is not a float dtype", op, ts_dtype_name(dt));
+        return NULL;
+    }
+    ts_tensor *t = ts_tensor_empty(dt, ndim, shape);
+    if (!t) return NULL;
+    int64_t n = ts_tensor_numel(t);
+    if (dt == TS_F64) {
+        double *p = ts_f64(t);
+        if (normal) ts_rng_normal_f64(key, 0, n, p); else ts_rng_uniform_f64(key, 0, n, p);
+        for (int64_t i = 0; i < n; i++) p[i] = p[i] * scale + shift;
+        return t;
+    }
+    float *buf = dt == TS_F32 ? ts_f32(t) : malloc(sizeof(float) * (size_t)(n ? n : 1));
+    if (!buf) {
+        ts_tensor_release(t);
+        ts_error(TS_ERR_MEMORY, "%s: out of memory", op);
+        return NULL;
+    }
+    if (normal) ts_rng_normal_f32(key, 0, n, buf); else ts_rng_uniform_f32(key, 0, n, buf);
+    for (int64_t i = 0; i < n; i++) buf[i] = (float)(buf[i] * scale + shift);
+    if (dt == TS_BF16) {
+        uint16_t *p = ts_tensor_data(t);
+        for (int64_t i = 0; i < n; i++) p[i] = ts_bf16_from_f32(buf[i]);
+        free(buf);
+    }
+    return t;
+}
+
+ts_tensor *ts_tensor_rand(ts_key key, ts_dtype dt, int ndim, const int64_t *shape) {
+    return random_tensor("rand", key, dt, ndim, shape, false, 1.0, 0.0);
+}
+
+ts_tensor *ts_tensor_uniform(ts_key key, ts_dtype dt, int ndim, const int64_t *shape, double lo, double hi) {
+    return random_tensor("uniform", key, dt, ndim, shape, false, hi - lo, lo);
+}
+
+ts_tensor *ts_tensor_randn(ts_key key, ts_dtype dt, int ndim, const int64_t *shape) {
+    return random_tensor("randn", key, dt, ndim, shape, true, 1.0, 0.0);
+}
+
+ts_tensor *ts_tensor_normal(ts_key key, ts_dtype dt, int ndim, const int64_t *shape, double mean, double std) {
+    return random_tensor("normal", key, dt, ndim, shape, true, std, mean);
+}
+
+/* ---- strings, printing, checks ---- */
+
+const char *ts_dims_str(int ndim, const int64_t *shape) {
+    static _Thread_local char ring[8][128];
+    static _Thread_local int next;
+    char *buf = ring[next++ % 8];
+    int len = snprintf(buf, 128, "[");
+    for (int d = 0; d < ndim && len < 120; d++)
+        len += snprintf(buf + len, (size_t)(128 - len), d ? ",%lld" : "%lld", (long long)shape[d]);
+    snprintf(buf + len, (size_t)(128 - len), "]");
+    return buf;
+}
+
+const char *ts_shape_str(const ts_tensor *t) { return ts_dims_str(t->ndim, t->shape); }
+
+void ts_tensor_print(FILE *f, const ts_tensor *t, const char *name) {
+    int64_t n = ts_tensor_numel(t);
+    fprintf(f, "%s%stensor(dtype=%s, shape=%s, device=%s%s)\n", name ? name : "", name ? " = " : "",
+            ts_dtype_name(t->dtype), ts_shape_str(t), ts_device_name(t->storage->device),
+            t->requires_grad ? ", requires_grad" : "");
+    int64_t last = t->ndim ? t->shape[t->ndim - 1] : 1;
+    bool summarise = n > 64;
+    fprintf(f, "  [");
+    for (int64_t i = 0; i < n; i++) {
+        if (summarise && i == 3) {
+            fprintf(f, " ...");
+            i = n - 4;
+            continue;
+        }
+        if (i && last && i % last == 0 && !summarise) fprintf(f, "\n   ");
+        double v = ts_tensor_get(t, i);
+        if (ts_dtype_is_float(t->dtype)) fprintf(f, " %.6g", v); else fprintf(f, " %lld", (long long)v);
+    }
+    fprintf(f, " ]\n");
+}
+
+ts_status ts_check_tensor(const char *op, const char *arg, const ts_tensor *t, unsigned dtype_mask) {
+    if (!t) return ts_error(TS_ERR_VALUE, "%s: %s is NULL", op, arg);
+    if (t->storage->device != TS_CPU)
+        return ts_error(TS_ERR_DEVICE, "%s: %s is on device %s, expected cpu", op, arg,
+                        ts_device_name(t->storage->device));
+    if (!(dtype_mask & TS_MASK(t->dtype))) {
+        char allowed[64] = "";
+        for (int d = 0; d < TS_NDTYPES; d++)
+            if (dtype_mask & TS_MASK(d)) {
+                if (allowed[0]) strcat(allowed, "/");
+                strcat(allowed, dtype_names[d]);
+            }
+        return ts_error(TS_ERR_DTYPE, "%s: %s has dtype %s (shape %s), expected %s", op, arg,
+                        ts_dtype_name(t->dtype), ts_shape_str(t), allowed);
+    }
+    return TS_OK;
+}

@@ -1,0 +1,149 @@
+/* tensor.h - the tensor: dtype, device, shape/strides/offset over
+ * refcounted storage.
+ *
+ * A ts_tensor is a view: `ndim` sizes and element strides at an element
+ * `offset` into a ts_storage that many views may share. Tensors and storages
+ * are reference counted: every function that returns a ts_tensor* returns a
+ * new reference the caller must ts_tensor_release(); functions taking a
+ * tensor borrow it. NULL means failure, with the reason in ts_last_error().
+ *
+ * The differentiable view ops (reshape, permute, narrow, expand, ...) live in
+ * ops/view.h; this file holds construction, raw access, copies and printing.
+ * bf16 is a storage type: math on it is done in f32.
+ */
+#ifndef TS_TENSOR_H
+#define TS_TENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kernels/rng.h"
+#include "kernels/status.h"
+
+#define TS_MAX_DIMS 8
+
+typedef enum { TS_F32, TS_F64, TS_BF16, TS_I32, TS_I64, TS_U8, TS_NDTYPES } ts_dtype;
+
+typedef enum { TS_CPU, TS_CUDA } ts_device;
+
+typedef struct ts_storage {
+    void *data;
+    size_t nbytes;
+    _Atomic int refcount;
+    ts_device device;
+    void (*release)(void *data, size_t nbytes, void *ctx); /* NULL: ts_free */
+    void *release_ctx;
+} ts_storage;
+
+typedef struct ts_node ts_node; /* autograd node, see autograd.h */
+
+typedef struct ts_tensor {
+    ts_storage *storage;
+    int64_t offset; /* in elements */
+    int ndim;
+    int64_t shape[TS_MAX_DIMS];
+    int64_t strides[TS_MAX_DIMS]; /* in elements */
+    ts_dtype dtype;
+    _Atomic int refcount;
+    /* autograd */
+    bool requires_grad;
+    struct ts_tensor *grad; /* accumulated gradient of a leaf, or NULL */
+    ts_node *grad_fn;       /* node that produced this tensor, or NULL */
+    /* called after a backward pass accumulated into this leaf's grad */
+    void (*grad_hook)(struct ts_tensor *t, void *ctx);
+    void *grad_hook_ctx;
+} ts_tensor;
+
+/* dtype facts */
+size_t ts_dtype_size(ts_dtype dt);
+const char *ts_dtype_name(ts_dtype dt);
+bool ts_dtype_is_float(ts_dtype dt); /* f32, f64, bf16 */
+const char *ts_device_name(ts_device d);
+
+/* bf16 <-> f32, round to nearest even (NaN stays NaN). */
+uint16_t ts_bf16_from_f32(float x);
+float ts_f32_from_bf16(uint16_t x);
+
+/* Creation. Shapes are checked (0 <= ndim <= 8, sizes >= 0). */
+ts_tensor *ts_tensor_empty(ts_dtype dt, int ndim, const int64_t *shape);
+ts_tensor *ts_tensor_zeros(ts_dtype dt, int ndim, const int64_t *shape);
+ts_tensor *ts_tensor_ones(ts_dtype dt, int ndim, const int64_t *shape);
+ts_tensor *ts_tensor_full(ts_dtype dt, int ndim, const int64_t *shape, double value);
+ts_tensor *ts_tensor_scalar(ts_dtype dt, double value); /* 0-dim */
+/* 1-d tensor start, start+step, ... < end (or > end for negative step). */
+ts_tensor *ts_tensor_arange(ts_dtype dt, double start, double end, double step);
+/* Copies numel elements of dtype dt from data (host, row-major). */
+ts_tensor *ts_tensor_from_data(ts_dtype dt, int ndim, const int64_t *shape, const void *data);
+/* Random tensors: element i depends only on (key, i). Float dtypes only. */
+ts_tensor *ts_tensor_rand(ts_key key, ts_dtype dt, int ndim, const int64_t *shape);
+ts_tensor *ts_tensor_uniform(ts_key key, ts_dtype dt, int ndim, const int64_t *shape, double lo, double hi);
+ts_tensor *ts_tensor_randn(ts_key key, ts_dtype dt, int ndim, const int64_t *shape);
+ts_tensor *ts_tensor_normal(ts_key key, ts_dtype dt, int ndim, const int64_t *shape, double mean, double std);
+
+/* Storage that wraps memory owned elsewhere; release(data, nbytes, ctx) is
+ * called when the last view goes (release may be NULL: never freed). */
+ts_storage *ts_storage_wrap(void *data, size_t nbytes, void (*release)(void *, size_t, void *), void *ctx);
+/* A view over storage (retained): dtype, element offset, shape, strides
+ * (strides NULL: row-major contiguous). Checks the view fits the storage. */
+ts_tensor *ts_tensor_from_storage(ts_storage *s, ts_dtype dt, int64_t offset, int ndim,
+                                  const int64_t *shape, const int64_t *strides);
+void ts_storage_retain(ts_storage *s);
+void ts_storage_release(ts_storage *s);
+
+/* Reference counting. release(NULL) is a no-op. */
+ts_tensor *ts_tensor_retain(ts_tensor *t);
+void ts_tensor_release(ts_tensor *t);
+
+/* A new tensor sharing t's storage and view, with no autograd history. */
+ts_tensor *ts_tensor_alias(const ts_tensor *t);
+
+/* Facts about a view. */
+int64_t ts_tensor_numel(const ts_tensor *t);
+size_t ts_tensor_nbytes(const ts_tensor *t); /* numel * element size */
+bool ts_tensor_is_contiguous(const ts_tensor *t);
+bool ts_tensor_same_shape(const ts_tensor *a, const ts_tensor *b);
+/* Row-major contiguous strides for a shape. */
+void ts_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+/* Normalises a possibly negative dim against ndim; -1 if out of range. */
+int ts_dim_index(int dim, int ndim);
+
+/* Pointer to the element at the view's offset (first logical element). */
+void *ts_tensor_data(const ts_tensor *t);
+/* The same, typed; the dtype must match (checked by the caller). */
+static inline float *ts_f32(const ts_tensor *t) { return (float *)ts_tensor_data(t); }
+static inline double *ts_f64(const ts_tensor *t) { return (double *)ts_tensor_data(t); }
+
+/* Element at logical row-major index i (any strides), as double. */
+double ts_tensor_get(const ts_tensor *t, int64_t i);
+void ts_tensor_set(ts_tensor *t, int64_t i, double v);
+/* Value of a one-element tensor. */
+double ts_tensor_item(const ts_tensor *t);
+/* Storage offset (elements) of logical row-major index i. */
+int64_t ts_tensor_offset_of(const ts_tensor *t, int64_t i);
+
+/* Copies src into dst elementwise: same shape, any strides and dtypes
+ * (converting). Not differentiable. */
+ts_status ts_tensor_copy_(ts_tensor *dst, const ts_tensor *src);
+/* Sets every element of t to v. Not differentiable. */
+ts_status ts_tensor_fill_(ts_tensor *t, double v);
+/* A contiguous copy of t with dtype dt (no autograd). */
+ts_tensor *ts_tensor_copy_as(const ts_tensor *t, ts_dtype dt);
+
+/* "[4,8]" for error messages; from a small ring of per-thread buffers, so a
+ * few may be used in one printf. */
+const char *ts_shape_str(const ts_tensor *t);
+const char *ts_dims_str(int ndim, const int64_t *shape);
+
+/* Prints dtype, shape, device and values (summarised past 64 elements). */
+void ts_tensor_print(FILE *f, const ts_tensor *t, const char *name);
+
+/* Checks t is on the CPU with one of the dtypes allowed (bit mask of
+ * 1u << dtype); else records "op: ... " and returns the error. */
+ts_status ts_check_tensor(const char *op, const char *arg, const ts_tensor *t, unsigned dtype_mask);
+#define TS_MASK(dt) (1u << (dt))
+#define TS_FLOATS (TS_MASK(TS_F32) | TS_MASK(TS_F64))
+#define TS_INTS (TS_MASK(TS_I32) | TS_MASK(TS_I64))
+
+#endif

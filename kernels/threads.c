@@ -1,0 +1,45 @@
+/* threads.c - TESSERA_NUM_THREADS applied to OpenMP and OpenBLAS. */
+#include "kernels/threads.h"
+
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+/* OpenBLAS's runtime controls (declared in its cblas.h as well). */
+void openblas_set_num_threads(int num_threads);
+int openblas_get_num_threads(void);
+char *openblas_get_config(void);
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static int current = 1;
+
+/* Sets both thread counts. */
+static void apply(int n) {
+    current = n;
+    omp_set_num_threads(n);
+    openblas_set_num_threads(n);
+}
+
+static void init_once(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *env = getenv("TESSERA_NUM_THREADS");
+    if (env && atoi(env) > 0) n = atoi(env);
+    apply(n > 0 ? (int)n : 1);
+}
+
+void ts_threads_init(void) { pthread_once(&once, init_once); }
+
+void ts_threads_set(int n) {
+    ts_threads_init();
+    apply(n < 1 ? 1 : n);
+}
+
+int ts_threads_get(void) {
+    ts_threads_init();
+    return current;
+}
+
+const char *ts_threads_blas_config(void) { return openblas_get_config(); }
+
+int ts_threads_blas_threads(void) { return openblas_get_num_threads(); }

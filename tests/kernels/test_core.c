@@ -1,0 +1,183 @@
+/* test_core.c - tensors, allocator, Philox keys, views and the autograd
+ * engine (with view ops only; op families have their own tests). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "kernels/alloc.h"
+#include "kernels/autograd.h"
+#include "kernels/ops/view.h"
+#include "kernels/tensor.h"
+
+#define SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
+
+static void test_creation_and_access(void **state) {
+    (void)state;
+    ts_tensor *t = ts_tensor_arange(TS_F32, 0, 6, 1);
+    assert_non_null(t);
+    assert_int_equal(ts_tensor_numel(t), 6);
+    assert_true(ts_tensor_get(t, 5) == 5.0);
+    ts_tensor *f = ts_tensor_full(TS_I64, SHAPE(2, 3), 7);
+    assert_true(ts_tensor_get(f, 4) == 7.0);
+    ts_tensor *b = ts_tensor_copy_as(t, TS_BF16);
+    assert_true(ts_tensor_get(b, 3) == 3.0);
+    assert_null(ts_tensor_empty(TS_F32, SHAPE(2, -1)));
+    assert_non_null(strstr(ts_last_error(), "negative size"));
+    ts_tensor_release(t);
+    ts_tensor_release(f);
+    ts_tensor_release(b);
+}
+
+static void test_bf16_rounding(void **state) {
+    (void)state;
+    assert_true(ts_f32_from_bf16(ts_bf16_from_f32(1.0f)) == 1.0f);
+    /* 1 + 2^-8 is halfway between bf16 neighbours 1 and 1+2^-7: ties to even -> 1 */
+    assert_true(ts_f32_from_bf16(ts_bf16_from_f32(1.0f + 1.0f / 256)) == 1.0f);
+    assert_true(ts_f32_from_bf16(ts_bf16_from_f32(1.0f + 3.0f / 256)) == 1.0f + 1.0f / 64);
+}
+
+static void test_keys_are_reproducible(void **state) {
+    (void)state;
+    ts_key k = ts_key_from_seed(42);
+    ts_tensor *a = ts_tensor_randn(k, TS_F32, SHAPE(1000));
+    ts_tensor *b = ts_tensor_randn(k, TS_F32, SHAPE(10, 100));
+    ts_tensor *c = ts_tensor_randn(ts_key_split(k, 1), TS_F32, SHAPE(1000));
+    assert_memory_equal(ts_f32(a), ts_f32(b), 4000);
+    assert_memory_not_equal(ts_f32(a), ts_f32(c), 4000);
+    double mean = 0, var = 0;
+    for (int i = 0; i < 1000; i++) mean += ts_tensor_get(a, i) / 1000;
+    for (int i = 0; i < 1000; i++) var += (ts_tensor_get(a, i) - mean) * (ts_tensor_get(a, i) - mean) / 1000;
+    assert_true(mean > -0.1 && mean < 0.1);
+    assert_true(var > 0.85 && var < 1.15);
+    /* a prefix of the stream equals the stream of a shorter tensor */
+    float part[10];
+    ts_rng_normal_f32(k, 0, 10, part);
+    assert_memory_equal(part, ts_f32(a), sizeof part);
+    ts_tensor_release(a);
+    ts_tensor_release(b);
+    ts_tensor_release(c);
+}
+
+static void test_allocator_stats(void **state) {
+    (void)state;
+    ts_alloc_reset_peak();
+    ts_alloc_stats s0 = ts_alloc_get_stats();
+    ts_tensor *t = ts_tensor_zeros(TS_F32, SHAPE(1 << 20));
+    ts_alloc_stats s1 = ts_alloc_get_stats();
+    assert_true(s1.allocated >= s0.allocated + (4u << 20));
+    ts_tensor_release(t);
+    ts_alloc_stats s2 = ts_alloc_get_stats();
+    assert_int_equal(s2.allocated, s0.allocated);
+    assert_true(s2.peak >= s0.allocated + (4u << 20));
+    assert_true(s2.reserved >= s2.allocated + (4u << 20)); /* cached */
+    t = ts_tensor_zeros(TS_F32, SHAPE(1 << 20));
+    assert_true(ts_alloc_get_stats().n_cache_hits > s2.n_cache_hits);
+    ts_tensor_release(t);
+    ts_alloc_empty_cache();
+    assert_true(ts_alloc_get_stats().reserved < s2.reserved);
+}
+
+static void test_views_share_storage(void **state) {
+    (void)state;
+    ts_tensor *x = ts_tensor_arange(TS_F32, 0, 24, 1);
+    ts_tensor *r = ts_reshape(x, SHAPE(2, 3, 4));
+    ts_tensor *p = ts_transpose(r, 0, 2); /* [4,3,2] */
+    assert_false(ts_tensor_is_contiguous(p));
+    assert_ptr_equal(p->storage, x->storage);
+    assert_true(ts_tensor_get(p, 1) == 12.0); /* p[0,0,1] = r[1,0,0] */
+    ts_tensor *n = ts_narrow(p, 0, 1, 2);     /* [2,3,2] */
+    assert_true(ts_tensor_get(n, 0) == 1.0);
+    ts_tensor *c = ts_contiguous(n);
+    assert_true(ts_tensor_is_contiguous(c));
+    assert_true(ts_tensor_get(c, 1) == 13.0);
+    ts_tensor *bad = ts_reshape(x, SHAPE(5, 5));
+    assert_null(bad);
+    assert_non_null(strstr(ts_last_error(), "cannot view [24] (24 elements) as [5,5]"));
+    ts_tensor *col = ts_reshape(x, SHAPE(24, 1));
+    ts_tensor *e = ts_expand(col, SHAPE(24, 3));
+    assert_true(e->strides[1] == 0);
+    ts_tensor *flat = ts_reshape(p, SHAPE(-1)); /* needs a copy */
+    assert_true(ts_tensor_get(flat, 1) == 12.0);
+    ts_tensor *r2 = ts_reshape(r, SHAPE(6, 4)); /* a view */
+    assert_ptr_equal(r2->storage, x->storage);
+    ts_tensor_release(x);
+    ts_tensor_release(r);
+    ts_tensor_release(p);
+    ts_tensor_release(n);
+    ts_tensor_release(c);
+    ts_tensor_release(col);
+    ts_tensor_release(e);
+    ts_tensor_release(flat);
+    ts_tensor_release(r2);
+}
+
+/* fn: narrow(transpose(reshape(x))) expanded - exercises the view backwards */
+static ts_tensor *view_chain(ts_tensor *const *in, void *ctx) {
+    (void)ctx;
+    ts_tensor *r = ts_reshape(in[0], SHAPE(3, 4));
+    ts_tensor *t = ts_transpose(r, 0, 1);
+    ts_tensor *n = ts_narrow(t, 0, 1, 2);
+    ts_tensor *u = ts_unsqueeze(n, 0);
+    ts_tensor *e = ts_expand(u, SHAPE(2, 2, 3));
+    ts_tensor *c = ts_contiguous(e);
+    ts_tensor_release(r);
+    ts_tensor_release(t);
+    ts_tensor_release(n);
+    ts_tensor_release(u);
+    ts_tensor_release(e);
+    return c;
+}
+
+static void test_gradcheck_views(void **state) {
+    (void)state;
+    ts_tensor *x = ts_tensor_randn(ts_key_from_seed(1), TS_F64, SHAPE(12));
+    ts_set_requires_grad(x, true);
+    ts_status st = ts_gradcheck(view_chain, NULL, 1, &x, 1e-6, 1e-7, 1e-6);
+    assert_int_equal(st, TS_OK);
+    ts_tensor_release(x);
+}
+
+static void test_backward_errors_and_accumulation(void **state) {
+    (void)state;
+    ts_tensor *x = ts_tensor_ones(TS_F32, SHAPE(4));
+    assert_int_not_equal(ts_backward(x, NULL), TS_OK);
+    assert_non_null(strstr(ts_last_error(), "does not require grad"));
+    ts_set_requires_grad(x, true);
+    ts_tensor *y = ts_reshape(x, SHAPE(2, 2));
+    assert_int_not_equal(ts_backward(y, NULL), TS_OK);
+    assert_non_null(strstr(ts_last_error(), "not a scalar"));
+    ts_tensor *g = ts_tensor_full(TS_F32, SHAPE(2, 2), 2.0);
+    assert_int_equal(ts_backward(y, g), TS_OK);
+    assert_int_not_equal(ts_backward(y, g), TS_OK); /* graph freed */
+    assert_non_null(strstr(ts_last_error(), "already freed"));
+    ts_tensor *y2 = ts_reshape(x, SHAPE(2, 2));
+    assert_int_equal(ts_backward(y2, g), TS_OK);
+    assert_true(ts_tensor_get(x->grad, 3) == 4.0); /* accumulated */
+    ts_zero_grad(x);
+    assert_true(ts_tensor_get(x->grad, 3) == 0.0);
+    bool prev = ts_grad_set_enabled(false);
+    ts_tensor *z = ts_reshape(x, SHAPE(4));
+    assert_false(z->requires_grad);
+    ts_grad_set_enabled(prev);
+    ts_tensor_release(x);
+    ts_tensor_release(y);
+    ts_tensor_release(y2);
+    ts_tensor_release(g);
+    ts_tensor_release(z);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_creation_and_access),
+        cmocka_unit_test(test_bf16_rounding),
+        cmocka_unit_test(test_keys_are_reproducible),
+        cmocka_unit_test(test_allocator_stats),
+        cmocka_unit_test(test_views_share_storage),
+        cmocka_unit_test(test_gradcheck_views),
+        cmocka_unit_test(test_backward_errors_and_accumulation),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
