@@ -241,7 +241,8 @@ typedef struct {
 } ts_proto_payload;
 
 /* Received-message holder for ts_proto_recv. Zero-initialised (or after
- * ts_proto_rx_init) it is empty; recv reuses it, releasing what it held. */
+ * ts_proto_rx_init) it is empty; recv reuses it, releasing what it held.
+ * Call ts_proto_rx_release when done with the last message. */
 typedef struct {
     ts_proto_msg msg;            /* valid when recv returned TS_PROTO_OK */
     ts_proto_identity identity;  /* ROUTER: sender identity (even if decode failed) */
@@ -321,7 +322,8 @@ ts_proto_error ts_proto_recv(void *sock, const ts_proto_limits *lim, int flags,
 
 /* Empties an rx (zero state). */
 void ts_proto_rx_init(ts_proto_rx *rx);
-/* Releases the frames and message an rx holds; it stays reusable. */
+/* Releases the frames, arrays and message an rx holds; it is empty and
+ * reusable afterwards. */
 void ts_proto_rx_release(ts_proto_rx *rx);
 
 #endif
