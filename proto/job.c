@@ -7,7 +7,9 @@
  */
 #include "proto/job.h"
 
+#include <limits.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -344,4 +346,74 @@ static json_t *section_to_json(const field *table, const ts_job *job) {
 
 json_t *ts_job_to_json(const ts_job *job) {
     return section_to_json(job_fields, job);
+}
+
+/* Copies value into dst (cap bytes) for flag; error when too long. */
+static ts_status copy_flag(char *dst, size_t cap, const char *flag,
+                           const char *value) {
+    if (strlen(value) >= cap)
+        return ts_error(TS_ERR_VALUE, "%s: value of %zu bytes, limit %zu", flag,
+                        strlen(value), cap - 1);
+    memcpy(dst, value, strlen(value) + 1);
+    return TS_OK;
+}
+
+ts_status ts_job_node_args_parse(int argc, char **argv, ts_job_node_args *a) {
+    static const char *const flags[] = {"--scheduler", "--key-file", "--job",
+                                        "--set", "--rank", NULL};
+    memset(a, 0, sizeof *a);
+    a->rank = -1;
+    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
+    if (!sets) return ts_error(TS_ERR_MEMORY, "command line: out of memory");
+    int nsets = 0;
+    ts_status st = TS_OK;
+    for (int i = 1; i < argc && st == TS_OK; i++) {
+        int f = 0;
+        size_t n = 0;
+        for (; flags[f]; f++) {
+            n = strlen(flags[f]);
+            if (strncmp(argv[i], flags[f], n) == 0 &&
+                (argv[i][n] == '\0' || argv[i][n] == '='))
+                break;
+        }
+        if (!flags[f]) {
+            st = ts_error(TS_ERR_VALUE, "unknown argument %s (expected --scheduler "
+                          "ADDR --key-file PATH --job JOB.json [--set k=v]... "
+                          "[--rank N])", argv[i]);
+            break;
+        }
+        const char *v = argv[i][n] == '=' ? argv[i] + n + 1
+                        : i + 1 < argc    ? argv[++i]
+                                          : NULL;
+        if (!v) {
+            st = ts_error(TS_ERR_VALUE, "%s needs a value", flags[f]);
+        } else if (f == 0) {
+            st = copy_flag(a->scheduler, sizeof a->scheduler, flags[f], v);
+        } else if (f == 1) {
+            st = copy_flag(a->key_file, sizeof a->key_file, flags[f], v);
+        } else if (f == 2) {
+            st = copy_flag(a->job_path, sizeof a->job_path, flags[f], v);
+        } else if (f == 3) {
+            sets[nsets++] = v;
+        } else {
+            char *end;
+            long r = strtol(v, &end, 10);
+            if (*v == '\0' || *end != '\0' || r < 0 || r > INT_MAX)
+                st = ts_error(TS_ERR_VALUE, "--rank: \"%s\" is not a rank", v);
+            else
+                a->rank = (int)r;
+        }
+    }
+    if (st == TS_OK && !a->key_file[0] && getenv("TESSERA_KEY_FILE"))
+        st = copy_flag(a->key_file, sizeof a->key_file, "TESSERA_KEY_FILE",
+                       getenv("TESSERA_KEY_FILE"));
+    if (st == TS_OK && !a->scheduler[0])
+        st = ts_error(TS_ERR_VALUE, "--scheduler ADDR is required");
+    if (st == TS_OK && !a->key_file[0])
+        st = ts_error(TS_ERR_VALUE, "--key-file PATH (or TESSERA_KEY_FILE) is required");
+    if (st == TS_OK && !a->job_path[0])
+        st = ts_error(TS_ERR_VALUE, "--job JOB.json is required");
+    if (st == TS_OK) st = ts_job_load(a->job_path, sets, nsets, &a->job);
+    free(sets);
+    return st;
 }

@@ -66,6 +66,21 @@ ts_status ts_job_set(json_t *doc, const char *assignment);
  * reference; NULL on allocation failure. */
 json_t *ts_job_to_json(const ts_job *job);
 
+/* Command line of a node process of the job (tessera-ps, tessera-worker):
+ *   --scheduler ADDR --key-file PATH --job JOB.json [--set k=v]... [--rank N]
+ * (flags also as --flag=value; the key file may come from TESSERA_KEY_FILE). */
+typedef struct {
+    char scheduler[TS_JOB_BIND_MAX]; /* scheduler endpoint */
+    char key_file[TS_JOB_PATH_MAX];
+    char job_path[TS_JOB_PATH_MAX];
+    int rank;                        /* rank asked for, -1 = any */
+    ts_job job;                      /* job file with the overrides applied */
+} ts_job_node_args;
+
+/* Parses argv[1..argc-1] into *a and loads the job; an unknown flag, a
+ * missing value or a missing required flag is an error naming it. */
+ts_status ts_job_node_args_parse(int argc, char **argv, ts_job_node_args *a);
+
 /* Name of a strategy ("standin"). */
 const char *ts_job_strategy_name(ts_job_strategy s);
 

@@ -159,6 +159,45 @@ static void test_load_file_and_round_trip(void **state) {
     assert_non_null(strstr(ts_last_error(), "/nonexistent/job.json"));
 }
 
+static void test_node_args(void **state) {
+    (void)state;
+    char path[] = "/tmp/test_job_node_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char *text = "{\"name\": \"n\", \"parallel\": {\"strategy\": \"standin\"}}";
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+
+    char *ok[] = {"w", "--scheduler", "tcp://127.0.0.1:5", "--key-file=/k",
+                  "--job", path, "--set", "parallel.workers=3", "--rank=2", NULL};
+    ts_job_node_args a;
+    assert_int_equal(ts_job_node_args_parse(9, ok, &a), TS_OK);
+    assert_string_equal(a.scheduler, "tcp://127.0.0.1:5");
+    assert_string_equal(a.key_file, "/k");
+    assert_int_equal(a.rank, 2);
+    assert_int_equal(a.job.parallel.workers, 3);
+    assert_string_equal(a.job.name, "n");
+
+    char *unknown[] = {"w", "--schedular", "x", NULL};
+    assert_int_not_equal(ts_job_node_args_parse(3, unknown, &a), TS_OK);
+    assert_non_null(strstr(ts_last_error(), "unknown argument --schedular"));
+    char *novalue[] = {"w", "--scheduler", NULL};
+    assert_int_not_equal(ts_job_node_args_parse(2, novalue, &a), TS_OK);
+    assert_non_null(strstr(ts_last_error(), "--scheduler needs a value"));
+    char *badrank[] = {"w", "--rank", "-3", NULL};
+    assert_int_not_equal(ts_job_node_args_parse(3, badrank, &a), TS_OK);
+    assert_non_null(strstr(ts_last_error(), "--rank: \"-3\" is not a rank"));
+    unsetenv("TESSERA_KEY_FILE");
+    char *nokey[] = {"w", "--scheduler", "tcp://x:1", "--job", path, NULL};
+    assert_int_not_equal(ts_job_node_args_parse(5, nokey, &a), TS_OK);
+    assert_non_null(strstr(ts_last_error(), "--key-file PATH"));
+    char *badset[] = {"w", "--scheduler", "a", "--key-file", "k", "--job", path,
+                      "--set", "parallel.workers=x", NULL};
+    assert_int_not_equal(ts_job_node_args_parse(9, badset, &a), TS_OK);
+    assert_non_null(strstr(ts_last_error(), "parallel.workers: expected integer"));
+    unlink(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
@@ -167,6 +206,7 @@ int main(void) {
         cmocka_unit_test(test_errors_name_the_field),
         cmocka_unit_test(test_override_errors),
         cmocka_unit_test(test_load_file_and_round_trip),
+        cmocka_unit_test(test_node_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
