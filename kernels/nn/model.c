@@ -1,0 +1,219 @@
+/* model.c - the parameter registry, flat buffers, init, summary. */
+#include "kernels/nn/model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/autograd.h"
+#include "kernels/nn/module.h"
+
+ts_model *ts_model_new(void) {
+    ts_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        ts_error(TS_ERR_MEMORY, "model: out of memory");
+        return NULL;
+    }
+    m->training = true;
+    m->dropout_key = ts_key_from_seed(0);
+    return m;
+}
+
+void ts_model_free(ts_model *m) {
+    if (!m) return;
+    ts_module_free(m->root);
+    for (int i = 0; i < m->n_params; i++) ts_tensor_release(m->params[i].value);
+    free(m->params);
+    ts_tensor_release(m->flat_params);
+    ts_tensor_release(m->flat_grads);
+    free(m->state);
+    free(m);
+}
+
+int ts_model_add_param(ts_model *m, const char *name, int ndim, const int64_t *shape, ts_init init, bool decay) {
+    if (m->finalized) {
+        ts_error(TS_ERR_STATE, "model: cannot add parameter %s after finalize", name);
+        return -1;
+    }
+    if (strlen(name) >= sizeof m->params[0].name) {
+        ts_error(TS_ERR_VALUE, "model: parameter name %s is too long", name);
+        return -1;
+    }
+    for (int i = 0; i < m->n_params; i++)
+        if (!strcmp(m->params[i].name, name)) {
+            ts_error(TS_ERR_VALUE, "model: parameter %s registered twice", name);
+            return -1;
+        }
+    if (ndim < 1 || ndim > TS_MAX_DIMS) {
+        ts_error(TS_ERR_SHAPE, "model: parameter %s has %d dims", name, ndim);
+        return -1;
+    }
+    int64_t numel = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] <= 0) {
+            ts_error(TS_ERR_SHAPE, "model: parameter %s has shape %s", name, ts_dims_str(ndim, shape));
+            return -1;
+        }
+        numel *= shape[d];
+    }
+    if (m->n_params == m->cap_params) {
+        int cap = m->cap_params ? 2 * m->cap_params : 32;
+        ts_param *p = realloc(m->params, sizeof *p * (size_t)cap);
+        if (!p) {
+            ts_error(TS_ERR_MEMORY, "model: out of memory");
+            return -1;
+        }
+        m->params = p;
+        m->cap_params = cap;
+    }
+    ts_param *p = &m->params[m->n_params];
+    memset(p, 0, sizeof *p);
+    strcpy(p->name, name);
+    p->ndim = ndim;
+    memcpy(p->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    p->offset = m->numel;
+    p->numel = numel;
+    p->init = init;
+    p->decay = decay;
+    m->numel += numel;
+    return m->n_params++;
+}
+
+/* Fills a parameter view according to its init rule. */
+static ts_status init_param(ts_param *p, ts_key key) {
+    float *dst = ts_f32(p->value);
+    switch (p->init.kind) {
+    case TS_INIT_ZEROS:
+        memset(dst, 0, sizeof(float) * (size_t)p->numel);
+        break;
+    case TS_INIT_ONES:
+        for (int64_t i = 0; i < p->numel; i++) dst[i] = 1.0f;
+        break;
+    case TS_INIT_UNIFORM:
+        ts_rng_uniform_f32(key, 0, p->numel, dst);
+        for (int64_t i = 0; i < p->numel; i++) dst[i] = (float)((2.0 * dst[i] - 1.0) * p->init.a);
+        break;
+    case TS_INIT_NORMAL:
+        ts_rng_normal_f32(key, 0, p->numel, dst);
+        for (int64_t i = 0; i < p->numel; i++) dst[i] = (float)(dst[i] * p->init.a);
+        break;
+    }
+    return TS_OK;
+}
+
+ts_status ts_model_finalize(ts_model *m, ts_key key) {
+    if (m->finalized) return ts_error(TS_ERR_STATE, "model: finalize called twice");
+    int64_t n = m->numel ? m->numel : 1;
+    m->flat_params = ts_tensor_zeros(TS_F32, 1, &n);
+    m->flat_grads = ts_tensor_zeros(TS_F32, 1, &n);
+    if (!m->flat_params || !m->flat_grads) return ts_last_status();
+    for (int i = 0; i < m->n_params; i++) {
+        ts_param *p = &m->params[i];
+        p->value = ts_tensor_from_storage(m->flat_params->storage, TS_F32, p->offset, p->ndim, p->shape, NULL);
+        ts_tensor *g = ts_tensor_from_storage(m->flat_grads->storage, TS_F32, p->offset, p->ndim, p->shape, NULL);
+        if (!p->value || !g) {
+            ts_tensor_release(g);
+            return ts_last_status();
+        }
+        p->value->requires_grad = true;
+        p->value->grad = g;
+        init_param(p, ts_key_split(key, (uint64_t)i));
+    }
+    m->finalized = true;
+    return TS_OK;
+}
+
+ts_tensor *ts_model_param(const ts_model *m, int i) { return m->params[i].value; }
+
+int ts_model_find(const ts_model *m, const char *name) {
+    for (int i = 0; i < m->n_params; i++)
+        if (!strcmp(m->params[i].name, name)) return i;
+    ts_error(TS_ERR_VALUE, "model: no parameter named %s", name);
+    return -1;
+}
+
+void ts_model_zero_grad(ts_model *m) {
+    if (m->flat_grads) memset(ts_f32(m->flat_grads), 0, sizeof(float) * (size_t)m->numel);
+}
+
+ts_status ts_model_alloc_state(ts_model *m, int k) {
+    free(m->state);
+    m->state = NULL;
+    m->n_state = 0;
+    if (k <= 0) return TS_OK;
+    m->state = calloc((size_t)k * (size_t)m->numel, sizeof(float));
+    if (!m->state) return ts_error(TS_ERR_MEMORY, "model: out of memory for %d x %lld optimizer state", k, (long long)m->numel);
+    m->n_state = k;
+    return TS_OK;
+}
+
+void ts_model_train(ts_model *m, bool on) { m->training = on; }
+
+ts_tensor *ts_model_forward(ts_model *m, ts_tensor *x) {
+    if (!m->finalized || !m->root) {
+        ts_error(TS_ERR_STATE, "model: forward before the model was built and finalized");
+        return NULL;
+    }
+    return ts_module_forward(m->root, x);
+}
+
+ts_status ts_model_copy_params(ts_model *dst, const ts_model *src, int *n_copied) {
+    int copied = 0;
+    for (int i = 0; i < dst->n_params; i++) {
+        const ts_param *d = &dst->params[i];
+        for (int j = 0; j < src->n_params; j++) {
+            const ts_param *s = &src->params[j];
+            if (strcmp(d->name, s->name)) continue;
+            if (d->numel != s->numel || d->ndim != s->ndim || memcmp(d->shape, s->shape, sizeof(int64_t) * (size_t)d->ndim))
+                return ts_error(TS_ERR_SHAPE, "model: parameter %s is %s here but %s in the source", d->name,
+                                ts_dims_str(d->ndim, d->shape), ts_dims_str(s->ndim, s->shape));
+            memcpy(ts_f32(d->value), ts_f32(s->value), sizeof(float) * (size_t)d->numel);
+            copied++;
+        }
+    }
+    if (n_copied) *n_copied = copied;
+    return TS_OK;
+}
+
+/* ---- summary ---- */
+
+typedef struct {
+    FILE *f;
+    const ts_model *model;
+} summary_ctx;
+
+static void summary_row(ts_module *mod, void *vctx) {
+    summary_ctx *c = vctx;
+    int64_t count = 0;
+    for (int i = 0; i < mod->n_params; i++) count += c->model->params[mod->param0 + i].numel;
+    int depth = 0;
+    for (const char *s = mod->name; *s; s++) depth += *s == '.';
+    char label[160];
+    snprintf(label, sizeof label, "%*s%s (%s)", 2 * depth, "", mod->name[0] ? mod->name : "model", mod->ops->kind);
+    fprintf(c->f, "%-48s %-22s %12lld\n", label, mod->out_ndim ? ts_dims_str(mod->out_ndim, mod->out_shape) : "-",
+            (long long)count);
+}
+
+ts_status ts_model_summary(ts_model *m, FILE *f, ts_dtype in_dtype, int in_ndim, const int64_t *in_shape) {
+    ts_tensor *x = ts_tensor_zeros(in_dtype, in_ndim, in_shape);
+    if (!x) return ts_last_status();
+    bool prev = ts_grad_set_enabled(false);
+    ts_tensor *y = ts_model_forward(m, x);
+    ts_grad_set_enabled(prev);
+    ts_tensor_release(x);
+    if (!y) return ts_last_status();
+    ts_tensor_release(y);
+    fprintf(f, "%-48s %-22s %12s\n", "Module (kind)", "Output shape", "Params");
+    fprintf(f, "%.*s\n", 84, "------------------------------------------------------------------------------------------");
+    summary_ctx c = {f, m};
+    ts_module_walk(m->root, summary_row, &c);
+    int64_t decay = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].decay) decay += m->params[i].numel;
+    fprintf(f, "%.*s\n", 84, "------------------------------------------------------------------------------------------");
+    fprintf(f, "Total params: %lld (%.2f MiB as f32) in %d tensors\n", (long long)m->numel,
+            (double)m->numel * 4 / (1 << 20), m->n_params);
+    fprintf(f, "Trainable params: %lld, with weight decay: %lld\n", (long long)m->numel, (long long)decay);
+    fprintf(f, "Gradient buffer: %.2f MiB; optimizer state: %.2f MiB\n", (double)m->numel * 4 / (1 << 20),
+            (double)m->numel * 4 * m->n_state / (1 << 20));
+    return TS_OK;
+}
