@@ -311,9 +311,10 @@ static void *io_main(void *arg)
     ts_proto_rx rx;
     ts_proto_rx_init(&rx);
     uint64_t next_beat = now_ms();
+    bool was_joined = false;
     for (;;) {
         pthread_mutex_lock(&m->mu);
-        bool joined = m->joined, stop = m->stop;
+        bool joined = m->joined, stop = m->stop, down = m->shutdown;
         uint32_t interval = joined ? m->info.heartbeat_ms : JOIN_RESEND_MS;
         outmsg *q = m->outq;
         m->outq = NULL;
@@ -329,7 +330,13 @@ static void *io_main(void *arg)
         if (stop)
             break;
         uint64_t now = now_ms();
-        if (now >= next_beat) {
+        if (joined && !was_joined) {
+            was_joined = true;
+            next_beat = now; /* first heartbeat right after JOIN_ACK */
+        }
+        if (down) {
+            next_beat = now + 1000; /* shut down or evicted: nothing more to say */
+        } else if (now >= next_beat) {
             outmsg beat = {.type = joined ? TS_MSG_HEARTBEAT : TS_MSG_JOIN, .barrier_id = -1};
             send_stamped(m, &beat);
             next_beat = now + interval;
@@ -833,11 +840,9 @@ ts_status ts_member_status_query(const char *scheduler, const char *key_file, in
 
 void ts_member_status_print(const ts_proto_msg *r, FILE *out)
 {
-    fprintf(out, "job %s: phase %s, generation %llu, step %lld of %lld, workers %u..%u, "
-            "heartbeat %u ms (timeout %u ms), barrier timeout %u ms\n", r->job, r->phase,
-            (unsigned long long)r->generation, (long long)r->step, (long long)r->steps,
-            r->min_workers, r->max_workers, r->heartbeat_ms, r->heartbeat_timeout_ms,
-            r->barrier_timeout_ms);
+    fprintf(out, "job %s: phase %s, generation %llu, step %lld of %lld, workers %u..%u\n",
+            r->job, r->phase, (unsigned long long)r->generation, (long long)r->step,
+            (long long)r->steps, r->min_workers, r->max_workers);
     fprintf(out, "%5s %-7s %-5s %8s %8s %12s %5s  %s\n", "rank", "role", "alive", "step",
             "barrier", "heartbeat_ms", "gen", "address");
     for (size_t i = 0; i < r->nroster; i++) {

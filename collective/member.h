@@ -109,7 +109,7 @@ void ts_member_close(ts_member *m);
 ts_status ts_member_status_query(const char *scheduler, const char *key_file, int timeout_ms,
                                  ts_proto_msg *reply);
 
-/* Writes a STATUS_REPLY as text: phase, generation, settings, then one line
+/* Writes a STATUS_REPLY as text: phase, generation, step, then one line
  * per node (rank, role, alive, address, step, last barrier, heartbeat age). */
 void ts_member_status_print(const ts_proto_msg *reply, FILE *out);
 

@@ -1,0 +1,428 @@
+/* server.c - the scheduler's libuv loop around its CURVE ROUTER socket.
+ *
+ * The ROUTER socket's ZMQ_FD is watched with a uv_poll_t. ZMQ_FD is edge
+ * triggered: after every wake-up, and after every callback that sent
+ * something, the socket is drained (ZMQ_EVENTS + ZMQ_DONTWAIT) until no
+ * input is left. Every message goes through ts_proto_recv (decode and
+ * validate); a bad one is counted and answered with an ERROR, and the loop
+ * goes on.
+ */
+#include "scheduler/internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "scheduler/log.h"
+
+/* Largest payload the scheduler accepts (blobs are small). */
+#define SCHED_MAX_PAYLOAD (1u << 20)
+
+uint64_t sched_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+const char *sched_id_text(const ts_proto_identity *id, char *buf, size_t cap)
+{
+    size_t n = id->size < 8 ? id->size : 8;
+    size_t o = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && o + 3 < cap; i++)
+        o += (size_t)snprintf(buf + o, cap - o, "%02x", id->data[i]);
+    if (id->size > n && o + 3 < cap)
+        snprintf(buf + o, cap - o, "..");
+    return buf;
+}
+
+void sched_msg_init(ts_sched *s, ts_proto_msg *m, ts_proto_type type)
+{
+    ts_proto_msg_init(m, type, s->cfg.job, s->generation, TS_PROTO_RANK_SCHEDULER);
+}
+
+void sched_send(ts_sched *s, const ts_proto_identity *to, const ts_proto_msg *m,
+                const ts_proto_payload *payloads, size_t npayloads)
+{
+    if (ts_proto_send(s->sock, to, m, payloads, npayloads, ZMQ_DONTWAIT) != TS_OK) {
+        char idt[24];
+        ts_sched_log(TS_SCHED_WARN, "could not send %s to peer %s: %s",
+                     ts_proto_type_name(m->type), sched_id_text(to, idt, sizeof idt),
+                     ts_last_error());
+    }
+}
+
+void sched_send_error(ts_sched *s, const ts_proto_identity *to, uint32_t code,
+                      const char *fmt, ...)
+{
+    char reason[TS_PROTO_REASON_MAX + 1];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(reason, sizeof reason, fmt, ap);
+    va_end(ap);
+    ts_proto_msg m;
+    ts_proto_msg_error(&m, s->cfg.job, s->generation, TS_PROTO_RANK_SCHEDULER, code, reason);
+    sched_send(s, to, &m, NULL, 0);
+    ts_proto_msg_free(&m);
+}
+
+void sched_reject(ts_sched *s, const ts_proto_identity *id, const sched_node *n,
+                  uint32_t code, const char *fmt, ...)
+{
+    char reason[TS_PROTO_REASON_MAX + 1];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(reason, sizeof reason, fmt, ap);
+    va_end(ap);
+    s->bad_messages++;
+    char idt[24];
+    ts_sched_log(TS_SCHED_WARN, "rejected message %llu from peer %s (rank %d): %s: %s",
+                 (unsigned long long)s->bad_messages, sched_id_text(id, idt, sizeof idt),
+                 n ? n->rank : -1, ts_proto_error_name(code), reason);
+    if (id->size > 0)
+        sched_send_error(s, id, code, "%s (rejected message %llu)", reason,
+                         (unsigned long long)s->bad_messages);
+}
+
+/* STATUS -> STATUS_REPLY with every node, the phase and the settings. */
+static void reply_status(ts_sched *s, const ts_proto_identity *to)
+{
+    ts_proto_msg m;
+    sched_msg_init(s, &m, TS_MSG_STATUS_REPLY);
+    ts_proto_member *ros = NULL;
+    size_t n = 0;
+    if (sched_roster(s, true, &ros, &n) != TS_OK ||
+        ts_proto_msg_set_roster(&m, ros, n) != TS_OK) {
+        free(ros);
+        sched_send_error(s, to, TS_PROTO_E_INTERNAL, "status: %s", ts_last_error());
+        return;
+    }
+    free(ros);
+    static const char *const PHASES[] = {"rendezvous", "running", "done"};
+    ts_proto_set_str(m.phase, sizeof m.phase, PHASES[s->phase]);
+    m.steps = s->cfg.steps;
+    m.min_workers = (uint32_t)s->cfg.min_workers;
+    m.max_workers = (uint32_t)s->cfg.max_workers;
+    m.step = sched_job_step(s);
+    sched_send(s, to, &m, NULL, 0);
+    ts_proto_msg_free(&m);
+}
+
+/* Checks job, sender rank and generation of a decoded message from a known
+ * node (or a stranger); returns false after rejecting it. */
+static bool admissible(ts_sched *s, const ts_proto_identity *id, const sched_node *n,
+                       const ts_proto_msg *m)
+{
+    if (m->type == TS_MSG_STATUS)
+        return true;
+    if (strcmp(m->job, s->cfg.job) != 0) {
+        sched_reject(s, id, n, TS_PROTO_E_JOB, "job id '%s' is not this job's ('%s')", m->job,
+                     s->cfg.job);
+        return false;
+    }
+    if (m->type == TS_MSG_JOIN)
+        return true;
+    if (!n || n->state == NODE_PENDING) {
+        sched_reject(s, id, n, TS_PROTO_E_UNEXPECTED,
+                     "%s from a peer that has not joined (send JOIN first)",
+                     ts_proto_type_name(m->type));
+        return false;
+    }
+    if (n->state != NODE_MEMBER) {
+        sched_reject(s, id, n, TS_PROTO_E_REFUSED, "rank %d was declared %s; join again",
+                     n->rank, n->state == NODE_DEAD ? "dead" : "departed");
+        return false;
+    }
+    if (m->rank != n->rank) {
+        sched_reject(s, id, n, TS_PROTO_E_UNEXPECTED,
+                     "sender rank %d does not match rank %d of this connection", m->rank, n->rank);
+        return false;
+    }
+    /* One generation of grace: a MEMBERSHIP may still be on its way. */
+    uint64_t oldest = s->generation > 0 ? s->generation - 1 : 0;
+    if (oldest < n->joined_generation)
+        oldest = n->joined_generation;
+    if (m->generation < oldest || m->generation > s->generation) {
+        sched_reject(s, id, n, TS_PROTO_E_GENERATION, "%s generation %llu (current generation %llu)",
+                     m->generation < oldest ? "stale" : "unknown future",
+                     (unsigned long long)m->generation, (unsigned long long)s->generation);
+        return false;
+    }
+    return true;
+}
+
+/* Acts on one validated message. */
+static void dispatch(ts_sched *s, const ts_proto_identity *id, const ts_proto_msg *m)
+{
+    sched_node *n = sched_node_find(s, id);
+    if (!admissible(s, id, n, m))
+        return;
+    if (n && n->state == NODE_MEMBER)
+        n->last_seen_ms = sched_now_ms();
+    switch (m->type) {
+    case TS_MSG_STATUS:
+        reply_status(s, id);
+        return;
+    case TS_MSG_JOIN:
+        sched_on_join(s, id, m);
+        return;
+    case TS_MSG_HEARTBEAT:
+        if (m->step > n->last_step)
+            n->last_step = m->step;
+        if (m->last_barrier > n->last_barrier)
+            n->last_barrier = m->last_barrier;
+        return;
+    case TS_MSG_STEP_DONE:
+        sched_on_step_done(s, n, m);
+        return;
+    case TS_MSG_BARRIER:
+        sched_on_barrier(s, n, m);
+        return;
+    case TS_MSG_SHUTDOWN:
+        sched_on_leave(s, n, m);
+        return;
+    case TS_MSG_BLOB_PUT:
+        sched_on_blob_put(s, n, m);
+        return;
+    case TS_MSG_BLOB_GET:
+        sched_on_blob_get(s, n, m);
+        return;
+    case TS_MSG_ERROR:
+        ts_sched_log(TS_SCHED_WARN, "rank %d reports error %s: %s", n->rank,
+                     ts_proto_error_name(m->code), m->reason);
+        return;
+    default:
+        sched_reject(s, id, n, TS_PROTO_E_UNEXPECTED, "the scheduler does not accept %s messages",
+                     ts_proto_type_name(m->type));
+        return;
+    }
+}
+
+/* Receives and handles every message that is waiting on the socket. */
+static void drain(ts_sched *s)
+{
+    while (!s->stopping) {
+        int events = 0;
+        size_t sz = sizeof events;
+        if (zmq_getsockopt(s->sock, ZMQ_EVENTS, &events, &sz) != 0 || !(events & ZMQ_POLLIN))
+            return;
+        ts_proto_error e = ts_proto_recv(s->sock, &s->limits, ZMQ_DONTWAIT, &s->rx);
+        if (e == TS_PROTO_E_AGAIN)
+            return;
+        if (e == TS_PROTO_E_IO) {
+            ts_sched_log(TS_SCHED_ERROR, "receive failed: %s", ts_last_error());
+            return;
+        }
+        if (e == TS_PROTO_OK)
+            dispatch(s, &s->rx.identity, &s->rx.msg);
+        else
+            sched_reject(s, &s->rx.identity, sched_node_find(s, &s->rx.identity), (uint32_t)e,
+                         "%s", ts_last_error());
+        ts_proto_rx_release(&s->rx);
+    }
+}
+
+static void on_zmq(uv_poll_t *h, int status, int events)
+{
+    (void)status;
+    (void)events;
+    drain(h->data);
+}
+
+static void on_tick(uv_timer_t *h)
+{
+    ts_sched *s = h->data;
+    sched_check_liveness(s);
+    sched_blob_expire(s);
+    drain(s);
+}
+
+static void on_rendezvous_timer(uv_timer_t *h)
+{
+    ts_sched *s = h->data;
+    if (s->phase != PHASE_RENDEZVOUS)
+        return;
+    if (!s->rendezvous_warned) {
+        s->rendezvous_warned = true;
+        sched_rendezvous_warn(s);
+        uv_timer_start(h, on_rendezvous_timer,
+                       (uint64_t)s->cfg.rendezvous_timeout_ms - (uint64_t)s->cfg.rendezvous_timeout_ms / 2, 0);
+    } else {
+        sched_rendezvous_expired(s);
+    }
+    drain(s);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    ts_sched *s = h->data;
+    char reason[64];
+    snprintf(reason, sizeof reason, "scheduler received %s", signum == SIGINT ? "SIGINT" : "SIGTERM");
+    ts_sched_log(TS_SCHED_INFO, "%s: shutting the job down", reason);
+    sched_shutdown(s, 0, reason);
+}
+
+static void close_handle(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+void sched_shutdown(ts_sched *s, int code, const char *reason)
+{
+    if (s->stopping)
+        return;
+    ts_proto_msg m;
+    sched_msg_init(s, &m, TS_MSG_SHUTDOWN);
+    m.code = (uint32_t)code;
+    ts_proto_set_str(m.reason, sizeof m.reason, reason);
+    size_t sent = 0;
+    for (size_t i = 0; i < s->nnodes; i++) {
+        if (s->nodes[i].state == NODE_MEMBER || s->nodes[i].state == NODE_PENDING) {
+            sched_send(s, &s->nodes[i].id, &m, NULL, 0);
+            sent++;
+        }
+    }
+    ts_proto_msg_free(&m);
+    ts_sched_log(code == 0 ? TS_SCHED_INFO : TS_SCHED_ERROR,
+                 "SHUTDOWN (code %d) sent to %zu nodes: %s; %llu rejected messages",
+                 code, sent, reason, (unsigned long long)s->bad_messages);
+    s->phase = PHASE_DONE;
+    s->stopping = true;
+    s->exit_code = code;
+    sched_barriers_free(s);
+    uv_walk(&s->loop, close_handle, NULL);
+}
+
+const char *ts_sched_endpoint(const ts_sched *s) { return s->endpoint; }
+
+/* Socket, keys and ZAP gate; the loop comes in init_loop. */
+static ts_status init_socket(ts_sched *s)
+{
+    ts_status st = ts_secure_available();
+    if (st != TS_OK)
+        return st;
+    if ((st = ts_secure_load(s->cfg.key_file, &s->keys)) != TS_OK)
+        return st;
+    s->zctx = zmq_ctx_new();
+    if (!s->zctx)
+        return ts_error(TS_ERR_IO, "scheduler: zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+    s->zap = ts_secure_zap_start(s->zctx, &s->keys);
+    if (!s->zap)
+        return ts_last_status() != TS_OK ? ts_last_status() : TS_ERR_IO;
+    s->sock = zmq_socket(s->zctx, ZMQ_ROUTER);
+    if (!s->sock)
+        return ts_error(TS_ERR_IO, "scheduler: zmq_socket(ROUTER): %s", zmq_strerror(zmq_errno()));
+    int one = 1, linger = 1000;
+    zmq_setsockopt(s->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger);
+    if ((st = ts_secure_server(s->sock, &s->keys)) != TS_OK)
+        return st;
+    if (zmq_bind(s->sock, s->cfg.bind) != 0)
+        return ts_error(TS_ERR_IO, "scheduler: cannot bind %s: %s", s->cfg.bind,
+                        zmq_strerror(zmq_errno()));
+    size_t len = sizeof s->endpoint;
+    if (zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, s->endpoint, &len) != 0)
+        return ts_error(TS_ERR_IO, "scheduler: ZMQ_LAST_ENDPOINT: %s", zmq_strerror(zmq_errno()));
+    return TS_OK;
+}
+
+static ts_status init_loop(ts_sched *s)
+{
+    int fd = -1;
+    size_t sz = sizeof fd;
+    if (zmq_getsockopt(s->sock, ZMQ_FD, &fd, &sz) != 0)
+        return ts_error(TS_ERR_IO, "scheduler: ZMQ_FD: %s", zmq_strerror(zmq_errno()));
+    int rc = uv_loop_init(&s->loop);
+    if (rc != 0)
+        return ts_error(TS_ERR_IO, "scheduler: uv_loop_init: %s", uv_strerror(rc));
+    s->loop_ready = true;
+    if ((rc = uv_poll_init(&s->loop, &s->zpoll, fd)) != 0 ||
+        (rc = uv_timer_init(&s->loop, &s->tick)) != 0 ||
+        (rc = uv_timer_init(&s->loop, &s->rendezvous)) != 0 ||
+        (rc = uv_signal_init(&s->loop, &s->sigint)) != 0 ||
+        (rc = uv_signal_init(&s->loop, &s->sigterm)) != 0)
+        return ts_error(TS_ERR_IO, "scheduler: libuv handle init: %s", uv_strerror(rc));
+    s->zpoll.data = s->tick.data = s->rendezvous.data = s;
+    s->sigint.data = s->sigterm.data = s;
+    return TS_OK;
+}
+
+ts_sched *ts_sched_create(const ts_sched_config *cfg)
+{
+    ts_sched *s = calloc(1, sizeof *s);
+    if (!s) {
+        ts_error(TS_ERR_MEMORY, "scheduler: out of memory");
+        return NULL;
+    }
+    s->cfg = *cfg;
+    s->next_rank = 0;
+    ts_proto_rx_init(&s->rx);
+    ts_proto_limits_default(&s->limits);
+    s->limits.max_frames = 4;
+    s->limits.max_payload_bytes = SCHED_MAX_PAYLOAD;
+    /* job and generation are checked per sender in admissible() */
+    s->limits.job = NULL;
+    s->limits.generation = 0;
+    if (init_socket(s) != TS_OK || init_loop(s) != TS_OK) {
+        ts_status st = ts_last_status();
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ts_last_error());
+        ts_sched_destroy(s);
+        ts_error(st != TS_OK ? st : TS_ERR_IO, "%s", msg);
+        return NULL;
+    }
+    return s;
+}
+
+int ts_sched_run(ts_sched *s)
+{
+    s->started_ms = sched_now_ms();
+    uint64_t period = (uint64_t)s->cfg.heartbeat_timeout_ms / 4;
+    if (period > (uint64_t)s->cfg.heartbeat_ms)
+        period = (uint64_t)s->cfg.heartbeat_ms;
+    if (period < 5)
+        period = 5;
+    if (period > 250)
+        period = 250;
+    uv_poll_start(&s->zpoll, UV_READABLE, on_zmq);
+    uv_timer_start(&s->tick, on_tick, period, period);
+    uv_timer_start(&s->rendezvous, on_rendezvous_timer, (uint64_t)s->cfg.rendezvous_timeout_ms / 2, 0);
+    uv_signal_start(&s->sigint, on_signal, SIGINT);
+    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    ts_sched_log(TS_SCHED_INFO,
+                 "job %s listening on %s: waiting for %d servers and %d..%d workers, "
+                 "heartbeat %d ms, timeout %d ms, barrier timeout %d ms, %lld steps",
+                 s->cfg.job, s->endpoint, s->cfg.servers, s->cfg.min_workers,
+                 s->cfg.max_workers, s->cfg.heartbeat_ms, s->cfg.heartbeat_timeout_ms,
+                 s->cfg.barrier_timeout_ms, s->cfg.steps);
+    drain(s);
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    return s->exit_code;
+}
+
+void ts_sched_destroy(ts_sched *s)
+{
+    if (!s)
+        return;
+    if (s->loop_ready) {
+        if (!s->stopping)
+            uv_walk(&s->loop, close_handle, NULL);
+        uv_run(&s->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&s->loop);
+    }
+    sched_barriers_free(s);
+    sched_blobs_free(s);
+    ts_proto_rx_release(&s->rx);
+    if (s->sock)
+        zmq_close(s->sock);
+    ts_secure_zap_stop(s->zap);
+    if (s->zctx)
+        zmq_ctx_term(s->zctx);
+    free(s->nodes);
+    free(s);
+}

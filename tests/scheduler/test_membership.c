@@ -1,0 +1,253 @@
+/* test_membership.c - rendezvous, failure detection, rejoin, elastic join at
+ * a step boundary and the orderly end of a job, against the real
+ * tessera-scheduler. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <pthread.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+/* Waits up to timeout_ms for m to announce a new generation; 0 on timeout. */
+static uint64_t wait_generation(ts_member *m, uint64_t above, int timeout_ms, size_t *nroster,
+                                ts_proto_member **roster)
+{
+    long long deadline = th_now_ms() + timeout_ms;
+    while (th_now_ms() < deadline) {
+        uint64_t g = 0;
+        ts_proto_member *r = NULL;
+        size_t n = 0;
+        if (ts_member_poll_membership(m, &g, &r, &n) && g > above) {
+            if (roster)
+                *roster = r;
+            else
+                free(r);
+            if (nroster)
+                *nroster = n;
+            return g;
+        }
+        free(r);
+        usleep(10000);
+    }
+    return 0;
+}
+
+static bool roster_has(const ts_proto_member *r, size_t n, int32_t rank)
+{
+    for (size_t i = 0; i < n; i++)
+        if (r[i].rank == rank)
+            return true;
+    return false;
+}
+
+static void rendezvous_two_servers_four_workers(void **state)
+{
+    (void)state;
+    th_sched s;
+    th_start(&s, "--servers", "2", "--min-workers", "4", "--max-workers", "4", "--steps", "0",
+             NULL);
+    ts_proto_role roles[6] = {TS_ROLE_WORKER, TS_ROLE_PS, TS_ROLE_WORKER,
+                              TS_ROLE_WORKER, TS_ROLE_PS, TS_ROLE_WORKER};
+    ts_member *m[6];
+    th_join_many(&s, roles, 6, m);
+    bool seen[6] = {false};
+    for (int i = 0; i < 6; i++) {
+        ts_member_info info;
+        ts_member_info_get(m[i], &info);
+        assert_int_equal(info.generation, 1);
+        assert_true(info.rank >= 0 && info.rank < 6);
+        /* servers hold ranks 0 and 1, workers 2..5 */
+        if (roles[i] == TS_ROLE_PS)
+            assert_true(info.rank < 2);
+        else
+            assert_true(info.rank >= 2);
+        assert_false(seen[info.rank]);
+        seen[info.rank] = true;
+        ts_proto_member *ros = NULL;
+        size_t n = 0;
+        uint64_t g = 0;
+        assert_int_equal(ts_member_roster(m[i], &ros, &n, &g), TS_OK);
+        assert_int_equal(n, 6);
+        assert_int_equal(g, 1);
+        for (size_t k = 0; k < n; k++) {
+            assert_true(ros[k].alive);
+            assert_int_equal(ros[k].role, ros[k].rank < 2 ? TS_ROLE_PS : TS_ROLE_WORKER);
+        }
+        free(ros);
+    }
+    ts_proto_msg st;
+    assert_int_equal(ts_member_status_query(s.endpoint, s.key, 3000, &st), TS_OK);
+    assert_string_equal(st.phase, "running");
+    assert_int_equal(st.generation, 1);
+    assert_int_equal(st.nroster, 6);
+    ts_member_status_print(&st, stderr);
+    ts_proto_msg_free(&st);
+    for (int i = 0; i < 6; i++)
+        ts_member_leave(m[i], "test over");
+    assert_int_equal(th_stop(&s), 0);
+}
+
+static void silent_member_declared_dead_then_rejoins(void **state)
+{
+    (void)state;
+    th_sched s;
+    th_start(&s, "--min-workers", "3", "--max-workers", "4", "--heartbeat-ms", "50",
+             "--heartbeat-timeout-ms", "400", NULL);
+    ts_proto_role roles[3] = {TS_ROLE_WORKER, TS_ROLE_WORKER, TS_ROLE_WORKER};
+    ts_member *m[3];
+    th_join_many(&s, roles, 3, m);
+    ts_member_info info;
+    ts_member_info_get(m[1], &info);
+    int32_t victim = info.rank;
+    long long t0 = th_now_ms();
+    ts_member_close(m[1]); /* stops heartbeating without a word */
+    size_t n = 0;
+    ts_proto_member *ros = NULL;
+    uint64_t g = wait_generation(m[0], 1, 3000, &n, &ros);
+    assert_int_equal(g, 2);
+    assert_true(th_now_ms() - t0 < 2000);
+    assert_int_equal(n, 2);
+    assert_false(roster_has(ros, n, victim));
+    free(ros);
+    assert_int_equal(wait_generation(m[2], 1, 1000, NULL, NULL), 2);
+    assert_true(th_log_contains(&s, "declared dead"));
+
+    /* the restarted process asks for its rank back and gets it */
+    ts_member *back = th_join(&s, TS_ROLE_WORKER, victim, 5000);
+    assert_non_null(back);
+    ts_member_info_get(back, &info);
+    assert_int_equal(info.rank, victim);
+    assert_int_equal(info.generation, 3);
+    assert_int_equal(wait_generation(m[0], 2, 2000, &n, &ros), 3);
+    assert_int_equal(n, 3);
+    assert_true(roster_has(ros, n, victim));
+    free(ros);
+
+    /* a newcomer without a previous rank gets a fresh one */
+    ts_member *fresh = th_join(&s, TS_ROLE_WORKER, -1, 5000);
+    assert_non_null(fresh);
+    ts_member_info_get(fresh, &info);
+    assert_int_equal(info.rank, 3);
+    /* the world is full now: a fifth worker is refused */
+    long long t1 = th_now_ms();
+    ts_member *extra = th_join(&s, TS_ROLE_WORKER, -1, 5000);
+    assert_null(extra);
+    assert_true(th_now_ms() - t1 < 3000);
+    ts_member_leave(fresh, NULL);
+    ts_member_leave(back, NULL);
+    ts_member_leave(m[0], NULL);
+    ts_member_leave(m[2], NULL);
+    assert_int_equal(th_stop(&s), 0);
+}
+
+typedef struct {
+    const th_sched *s;
+    ts_member *m;
+    long long joined_at;
+} late_join;
+
+static void *late_join_thread(void *p)
+{
+    late_join *j = p;
+    j->m = th_join(j->s, TS_ROLE_WORKER, -1, 10000);
+    j->joined_at = th_now_ms();
+    return NULL;
+}
+
+static void elastic_join_waits_for_step_boundary(void **state)
+{
+    (void)state;
+    th_sched s;
+    th_start(&s, "--min-workers", "2", "--max-workers", "3", "--heartbeat-ms", "50",
+             "--heartbeat-timeout-ms", "2000", NULL);
+    ts_proto_role roles[2] = {TS_ROLE_WORKER, TS_ROLE_WORKER};
+    ts_member *m[2];
+    th_join_many(&s, roles, 2, m);
+    assert_int_equal(ts_member_step_done(m[0], 1), TS_OK);
+    assert_int_equal(ts_member_step_done(m[1], 1), TS_OK);
+    assert_int_equal(ts_member_step_done(m[0], 2), TS_OK); /* m[1] still in step 2 */
+    usleep(200000);
+    late_join j = {&s, NULL, 0};
+    pthread_t t;
+    pthread_create(&t, NULL, late_join_thread, &j);
+    usleep(700000);
+    long long released = th_now_ms();
+    assert_int_equal(ts_member_step_done(m[1], 2), TS_OK); /* the step boundary */
+    pthread_join(t, NULL);
+    assert_non_null(j.m);
+    assert_true(j.joined_at >= released);
+    ts_member_info info;
+    ts_member_info_get(j.m, &info);
+    assert_int_equal(info.generation, 2);
+    assert_int_equal(info.start_step, 2);
+    size_t n = 0;
+    assert_int_equal(wait_generation(m[0], 1, 2000, &n, NULL), 2);
+    assert_int_equal(n, 3);
+    ts_member_leave(j.m, NULL);
+    ts_member_leave(m[0], NULL);
+    ts_member_leave(m[1], NULL);
+    assert_int_equal(th_stop(&s), 0);
+}
+
+static void job_ends_when_workers_finish(void **state)
+{
+    (void)state;
+    th_sched s;
+    th_start(&s, "--min-workers", "2", "--servers", "1", "--steps", "3", NULL);
+    ts_proto_role roles[3] = {TS_ROLE_PS, TS_ROLE_WORKER, TS_ROLE_WORKER};
+    ts_member *m[3];
+    th_join_many(&s, roles, 3, m);
+    ts_member_info info;
+    ts_member_info_get(m[1], &info);
+    assert_int_equal(info.steps, 3);
+    for (int step = 1; step <= 3; step++) {
+        assert_int_equal(ts_member_step_done(m[1], step), TS_OK);
+        assert_int_equal(ts_member_step_done(m[2], step), TS_OK);
+    }
+    assert_int_equal(th_wait_exit(&s, 5000), 0);
+    for (int i = 0; i < 3; i++) {
+        int code = -1;
+        char reason[256];
+        long long deadline = th_now_ms() + 2000;
+        while (!ts_member_shutdown_requested(m[i], &code, reason, sizeof reason) &&
+               th_now_ms() < deadline)
+            usleep(10000);
+        assert_int_equal(code, 0);
+        assert_non_null(strstr(reason, "finished"));
+        ts_member_close(m[i]);
+    }
+    th_stop(&s);
+}
+
+static void rendezvous_times_out(void **state)
+{
+    (void)state;
+    th_sched s;
+    th_start(&s, "--min-workers", "2", "--rendezvous-timeout-ms", "800", NULL);
+    long long t0 = th_now_ms();
+    ts_member *m = th_join(&s, TS_ROLE_WORKER, -1, 5000);
+    assert_null(m);
+    assert_non_null(strstr(ts_last_error(), "1 of 2 workers"));
+    assert_true(th_now_ms() - t0 < 3000);
+    assert_int_equal(th_wait_exit(&s, 3000), 1);
+    assert_true(th_log_contains(&s, "half-way"));
+    th_stop(&s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(rendezvous_two_servers_four_workers),
+        cmocka_unit_test(silent_member_declared_dead_then_rejoins),
+        cmocka_unit_test(elastic_join_waits_for_step_boundary),
+        cmocka_unit_test(job_ends_when_workers_finish),
+        cmocka_unit_test(rendezvous_times_out),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
