@@ -1,0 +1,308 @@
+/* matmul.c - matmul forward and backward as (folded, batched) GEMM calls. */
+#include "kernels/ops/matmul.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <string.h>
+
+#include "kernels/autograd.h"
+#include "kernels/ops/view.h"
+
+/* One operand of a batched GEMM: a matrix of rows x cols with element
+ * strides rs, cs at base, and its stride along each iteration batch dim
+ * (0 where the operand is broadcast or summed over). */
+typedef struct {
+    char *base;
+    int64_t rows, cols, rs, cs;
+    int64_t bst[TS_MAX_DIMS];
+} gemm_mat;
+
+/* How m can be passed to BLAS (row-major API): untransposed with rows ld
+ * apart, or transposed (a column-major matrix) with columns ld apart. */
+static bool mat_layout(const gemm_mat *m, bool *trans, int64_t *ld) {
+    int64_t need_n = m->cols > 1 ? m->cols : 1, need_t = m->rows > 1 ? m->rows : 1;
+    if (m->cs == 1 || m->cols <= 1) {
+        int64_t l = m->rows <= 1 ? need_n : m->rs;
+        if (l >= need_n && l <= INT_MAX) {
+            *trans = false;
+            *ld = l;
+            return true;
+        }
+    }
+    if (m->rs == 1 || m->rows <= 1) {
+        int64_t l = m->cols <= 1 ? need_t : m->cs;
+        if (l >= need_t && l <= INT_MAX) {
+            *trans = true;
+            *ld = l;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The matrix view of t's last two dims, its batch dims aligned to the right
+ * of the nb iteration batch dims. */
+static void mat_of(const ts_tensor *t, int nb, const int64_t *bshape, gemm_mat *m) {
+    int nd = t->ndim;
+    m->base = (char *)ts_tensor_data(t);
+    m->rows = t->shape[nd - 2];
+    m->cols = t->shape[nd - 1];
+    m->rs = t->strides[nd - 2];
+    m->cs = t->strides[nd - 1];
+    for (int d = 0; d < nb; d++) {
+        int td = d - (nb - (nd - 2));
+        m->bst[d] = (td >= 0 && t->shape[td] == bshape[d] && bshape[d] > 1) ? t->strides[td] : 0;
+    }
+}
+
+/* Whether the last two dims of t can go to BLAS without a copy. */
+static bool gemmable(const ts_tensor *t) {
+    gemm_mat m;
+    mat_of(t, 0, NULL, &m);
+    bool tr;
+    int64_t ld;
+    return mat_layout(&m, &tr, &ld);
+}
+
+/* Merges batch dim d (the innermost left) of the three operands into the
+ * rows of a and c (when b is broadcast along it) or into the inner dim of
+ * a and b (when c is summed along it), if the strides allow and the merged
+ * matrices stay BLAS-compatible. Returns whether it merged. */
+static bool fold_dim(gemm_mat *a, gemm_mat *b, gemm_mat *c, int64_t n, int d) {
+    bool tr;
+    int64_t ld;
+    gemm_mat a2 = *a, b2 = *b, c2 = *c;
+    if (b->bst[d] == 0 && a->bst[d] == a->rows * a->rs && c->bst[d] == c->rows * c->rs) {
+        a2.rows *= n;
+        c2.rows *= n;
+    } else if (c->bst[d] == 0 && a->bst[d] == a->cols * a->cs && b->bst[d] == b->rows * b->rs) {
+        a2.cols *= n;
+        b2.rows *= n;
+    } else {
+        return false;
+    }
+    if (!mat_layout(&a2, &tr, &ld) || !mat_layout(&b2, &tr, &ld) || !mat_layout(&c2, &tr, &ld)) return false;
+    if (a2.rows > INT_MAX || a2.cols > INT_MAX || c2.cols > INT_MAX) return false;
+    *a = a2;
+    *b = b2;
+    *c = c2;
+    return true;
+}
+
+/* One GEMM c = a·b + beta c on matrices already checked by mat_layout. */
+static void gemm_call(ts_dtype dt, const gemm_mat *a, const gemm_mat *b, const gemm_mat *c, int64_t off_a,
+                      int64_t off_b, int64_t off_c, double beta) {
+    bool ta, tb, tc;
+    int64_t lda, ldb, ldc;
+    mat_layout(a, &ta, &lda);
+    mat_layout(b, &tb, &ldb);
+    mat_layout(c, &tc, &ldc);
+    int M = (int)c->rows, N = (int)c->cols, K = (int)a->cols;
+    enum CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+    size_t es = ts_dtype_size(dt);
+    void *pa = a->base + off_a * (int64_t)es, *pb = b->base + off_b * (int64_t)es;
+    void *pc = c->base + off_c * (int64_t)es;
+    if (dt == TS_F32)
+        cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, 1.0f, pa, (int)lda, pb, (int)ldb, (float)beta, pc, (int)ldc);
+    else
+        cblas_dgemm(CblasRowMajor, opa, opb, M, N, K, 1.0, pa, (int)lda, pb, (int)ldb, beta, pc, (int)ldc);
+}
+
+/* Broadcast batch shape of a and b (dims before the last two). */
+static ts_status batch_shape(const char *op, const ts_tensor *a, const ts_tensor *b, int *nb, int64_t *bshape) {
+    int na = a->ndim - 2, nbb = b->ndim - 2, n = na > nbb ? na : nbb;
+    for (int d = 0; d < n; d++) {
+        int ad = d - (n - na), bd = d - (n - nbb);
+        int64_t as = ad >= 0 ? a->shape[ad] : 1, bs = bd >= 0 ? b->shape[bd] : 1;
+        if (as != bs && as != 1 && bs != 1)
+            return ts_error(TS_ERR_SHAPE, "%s: batch dims of %s and %s do not broadcast (batch dim %d: %lld vs %lld)",
+                            op, ts_shape_str(a), ts_shape_str(b), d, (long long)as, (long long)bs);
+        bshape[d] = as == 1 ? bs : as;
+    }
+    *nb = n;
+    return TS_OK;
+}
+
+ts_status ts_matmul_into(ts_tensor *out, const ts_tensor *a, const ts_tensor *b, bool accumulate) {
+    const char *op = "matmul_into";
+    if (ts_check_tensor(op, "a", a, TS_FLOATS) || ts_check_tensor(op, "b", b, TS_FLOATS) ||
+        ts_check_tensor(op, "out", out, TS_FLOATS))
+        return ts_last_status();
+    if (a->dtype != b->dtype || a->dtype != out->dtype)
+        return ts_error(TS_ERR_DTYPE, "%s: dtypes %s x %s -> %s differ", op, ts_dtype_name(a->dtype),
+                        ts_dtype_name(b->dtype), ts_dtype_name(out->dtype));
+    if (a->ndim < 2 || b->ndim < 2 || out->ndim < 2)
+        return ts_error(TS_ERR_SHAPE, "%s: operands %s x %s -> %s must be at least 2-D", op, ts_shape_str(a),
+                        ts_shape_str(b), ts_shape_str(out));
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
+    if (b->shape[b->ndim - 2] != K || out->shape[out->ndim - 2] != M || out->shape[out->ndim - 1] != N)
+        return ts_error(TS_ERR_SHAPE, "%s: shapes %s x %s -> %s do not align", op, ts_shape_str(a), ts_shape_str(b),
+                        ts_shape_str(out));
+    int nb;
+    int64_t bshape[TS_MAX_DIMS];
+    if (batch_shape(op, a, b, &nb, bshape)) return ts_last_status();
+    int no = out->ndim - 2;
+    bool reduced = false;
+    for (int d = 0; d < no; d++) {
+        int bd = d + nb - no;
+        if (bd < 0 || (out->shape[d] != bshape[bd] && out->shape[d] != 1))
+            return ts_error(TS_ERR_SHAPE, "%s: out %s does not match the batch of %s x %s", op, ts_shape_str(out),
+                            ts_shape_str(a), ts_shape_str(b));
+    }
+    for (int d = 0; d < nb; d++) {
+        int od = d - (nb - no);
+        if (bshape[d] > 1 && (od < 0 || out->shape[od] == 1)) reduced = true;
+    }
+    gemm_mat cm;
+    mat_of(out, nb, bshape, &cm);
+    bool tr;
+    int64_t ld;
+    if (!mat_layout(&cm, &tr, &ld) || tr)
+        return ts_error(TS_ERR_SHAPE, "%s: out %s needs unit column stride (strides end %lld,%lld)", op,
+                        ts_shape_str(out), (long long)cm.rs, (long long)cm.cs);
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
+        return ts_error(TS_ERR_SHAPE, "%s: shapes %s x %s exceed the BLAS int range", op, ts_shape_str(a),
+                        ts_shape_str(b));
+    double beta = accumulate ? 1.0 : 0.0;
+    if (reduced && !accumulate) {
+        if (ts_tensor_fill_(out, 0.0)) return ts_last_status();
+        beta = 1.0;
+    }
+    int64_t total = 1;
+    for (int d = 0; d < nb; d++) total *= bshape[d];
+    if (M == 0 || N == 0 || total == 0) return TS_OK;
+    if (K == 0) return beta == 0.0 ? ts_tensor_fill_(out, 0.0) : TS_OK;
+
+    /* operands BLAS cannot take as they are get one contiguous copy */
+    ts_tensor *ca = gemmable(a) ? NULL : ts_tensor_copy_as(a, a->dtype);
+    ts_tensor *cb = gemmable(b) ? NULL : ts_tensor_copy_as(b, b->dtype);
+    if ((!gemmable(a) && !ca) || (!gemmable(b) && !cb)) {
+        ts_tensor_release(ca);
+        ts_tensor_release(cb);
+        return ts_last_status();
+    }
+    gemm_mat am, bm;
+    mat_of(ca ? ca : a, nb, bshape, &am);
+    mat_of(cb ? cb : b, nb, bshape, &bm);
+
+    /* drop size-1 batch dims, then fold the innermost ones into the GEMM */
+    int k = 0;
+    for (int d = 0; d < nb; d++) {
+        if (bshape[d] == 1) continue;
+        am.bst[k] = am.bst[d];
+        bm.bst[k] = bm.bst[d];
+        cm.bst[k] = cm.bst[d];
+        bshape[k++] = bshape[d];
+    }
+    nb = k;
+    while (nb > 0 && fold_dim(&am, &bm, &cm, bshape[nb - 1], nb - 1)) nb--;
+
+    int64_t idx[TS_MAX_DIMS] = {0}, oa = 0, ob = 0, oc = 0;
+    total = 1;
+    for (int d = 0; d < nb; d++) total *= bshape[d];
+    for (int64_t it = 0; it < total; it++) {
+        gemm_call(out->dtype, &am, &bm, &cm, oa, ob, oc, beta);
+        for (int d = nb - 1; d >= 0; d--) { /* next batch index, offsets updated */
+            oa += am.bst[d];
+            ob += bm.bst[d];
+            oc += cm.bst[d];
+            if (++idx[d] < bshape[d]) break;
+            oa -= am.bst[d] * bshape[d];
+            ob -= bm.bst[d] * bshape[d];
+            oc -= cm.bst[d] * bshape[d];
+            idx[d] = 0;
+        }
+    }
+    ts_tensor_release(ca);
+    ts_tensor_release(cb);
+    return TS_OK;
+}
+
+/* A view of t with its last two dims swapped (no history, no copy). */
+static ts_tensor *raw_mT(const ts_tensor *t) {
+    int64_t shape[TS_MAX_DIMS], strides[TS_MAX_DIMS];
+    int nd = t->ndim;
+    memcpy(shape, t->shape, sizeof shape);
+    memcpy(strides, t->strides, sizeof strides);
+    shape[nd - 2] = t->shape[nd - 1];
+    shape[nd - 1] = t->shape[nd - 2];
+    strides[nd - 2] = t->strides[nd - 1];
+    strides[nd - 1] = t->strides[nd - 2];
+    return ts_tensor_from_storage(t->storage, t->dtype, t->offset, nd, shape, strides);
+}
+
+/* The gradient of one operand: out (x's shape) = l·r summed over broadcast
+ * batch dims, where l, r are given transposed or not. */
+static ts_tensor *grad_gemm(const ts_tensor *x, const ts_tensor *l, bool lT, const ts_tensor *r, bool rT) {
+    ts_tensor *lt = lT ? raw_mT(l) : ts_tensor_alias(l), *rt = rT ? raw_mT(r) : ts_tensor_alias(r);
+    ts_tensor *g = lt && rt ? ts_tensor_empty(x->dtype, x->ndim, x->shape) : NULL;
+    if (g && ts_matmul_into(g, lt, rt, false)) {
+        ts_tensor_release(g);
+        g = NULL;
+    }
+    ts_tensor_release(lt);
+    ts_tensor_release(rt);
+    return g;
+}
+
+/* C = A·B: dA = dC·Bᵀ, dB = Aᵀ·dC (the engine converts nothing: same dtype). */
+static ts_status matmul_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
+    ts_tensor *a = n->inputs[0], *b = n->inputs[1];
+    if (ts_node_wants(n, 0) && !(gin[0] = grad_gemm(a, g, false, b, true))) return ts_last_status();
+    if (ts_node_wants(n, 1) && !(gin[1] = grad_gemm(b, a, true, g, false))) return ts_last_status();
+    return TS_OK;
+}
+
+/* a·b for operands of at least 2 dims, recorded for autograd. */
+static ts_tensor *matmul_nd(ts_tensor *a, ts_tensor *b) {
+    int nb;
+    int64_t shape[TS_MAX_DIMS];
+    if (batch_shape("matmul", a, b, &nb, shape)) return NULL;
+    shape[nb] = a->shape[a->ndim - 2];
+    shape[nb + 1] = b->shape[b->ndim - 1];
+    ts_tensor *out = ts_tensor_empty(a->dtype, nb + 2, shape);
+    if (!out) return NULL;
+    if (ts_matmul_into(out, a, b, false)) {
+        ts_tensor_release(out);
+        return NULL;
+    }
+    ts_tensor *in[2] = {a, b};
+    ts_autograd_record(out, "matmul", matmul_backward, 2, in);
+    return out;
+}
+
+ts_tensor *ts_matmul(ts_tensor *a, ts_tensor *b) {
+    if (ts_check_tensor("matmul", "a", a, TS_FLOATS) || ts_check_tensor("matmul", "b", b, TS_FLOATS)) return NULL;
+    if (a->dtype != b->dtype) {
+        ts_error(TS_ERR_DTYPE, "matmul: dtypes differ (%s %s x %s %s)", ts_dtype_name(a->dtype), ts_shape_str(a),
+                 ts_dtype_name(b->dtype), ts_shape_str(b));
+        return NULL;
+    }
+    if (a->ndim < 1 || b->ndim < 1) {
+        ts_error(TS_ERR_SHAPE, "matmul: shapes %s x %s: operands must have at least 1 dim", ts_shape_str(a),
+                 ts_shape_str(b));
+        return NULL;
+    }
+    int ka = a->ndim - 1, kb = b->ndim >= 2 ? b->ndim - 2 : 0;
+    if (a->shape[ka] != b->shape[kb]) {
+        ts_error(TS_ERR_SHAPE, "matmul: shapes %s x %s do not align (dim %d = %lld vs dim %d = %lld)",
+                 ts_shape_str(a), ts_shape_str(b), ka, (long long)a->shape[ka], kb, (long long)b->shape[kb]);
+        return NULL;
+    }
+    if (a->ndim >= 2 && b->ndim >= 2) return matmul_nd(a, b);
+    /* vectors: a row [1,K] on the left, a column [K,1] on the right */
+    ts_tensor *a2 = a->ndim == 1 ? ts_unsqueeze(a, 0) : ts_tensor_retain(a);
+    ts_tensor *b2 = b->ndim == 1 ? ts_unsqueeze(b, 1) : ts_tensor_retain(b);
+    ts_tensor *r = a2 && b2 ? matmul_nd(a2, b2) : NULL, *out = NULL;
+    if (r) { /* drop the added dims: rows when a was 1-D, cols when b was */
+        int64_t shape[TS_MAX_DIMS];
+        int nd = 0;
+        for (int d = 0; d < r->ndim; d++)
+            if (!(d == r->ndim - 2 && a->ndim == 1) && !(d == r->ndim - 1 && b->ndim == 1)) shape[nd++] = r->shape[d];
+        out = ts_reshape(r, nd, shape);
+    }
+    ts_tensor_release(r);
+    ts_tensor_release(a2);
+    ts_tensor_release(b2);
+    return out;
+}
