@@ -33,17 +33,23 @@ static void kill_survivors(uv_timer_t *t) {
     }
 }
 
-ts_status ts_super_init(ts_super *s, uv_loop_t *loop) {
-    memset(s, 0, sizeof *s);
-    s->loop = loop;
-    size_t size = sizeof s->self_exe;
-    int rc = uv_exepath(s->self_exe, &size);
+ts_status ts_super_paths(char *exe, char *dir, size_t cap) {
+    size_t size = cap;
+    int rc = uv_exepath(exe, &size);
     if (rc != 0)
         return ts_error(TS_ERR_IO, "tessera-run: cannot find its own path: %s",
                         uv_strerror(rc));
-    snprintf(s->bin_dir, sizeof s->bin_dir, "%s", s->self_exe);
-    char *dir = dirname(s->bin_dir);
-    memmove(s->bin_dir, dir, strlen(dir) + 1);
+    snprintf(dir, cap, "%s", exe);
+    char *d = dirname(dir);
+    memmove(dir, d, strlen(d) + 1);
+    return TS_OK;
+}
+
+ts_status ts_super_init(ts_super *s, uv_loop_t *loop) {
+    memset(s, 0, sizeof *s);
+    s->loop = loop;
+    ts_status st = ts_super_paths(s->self_exe, s->bin_dir, sizeof s->bin_dir);
+    if (st != TS_OK) return st;
 
     uv_signal_init(loop, &s->sigint);
     uv_signal_init(loop, &s->sigterm);
@@ -59,9 +65,8 @@ ts_status ts_super_init(ts_super *s, uv_loop_t *loop) {
     return TS_OK;
 }
 
-/* Last close callback of a child: report it done and free it. */
-static void on_child_closed(uv_handle_t *h) {
-    ts_child *c = h->data;
+/* One of child c's handles closed; after the last, report c done, free it. */
+static void child_handle_closed(ts_child *c) {
     if (--c->handles_open > 0) return;
     ts_super *s = c->super;
     for (ts_child **p = &s->children; *p; p = &(*p)->next) {
@@ -72,6 +77,13 @@ static void on_child_closed(uv_handle_t *h) {
     }
     if (s->on_done && c->proc.pid != 0) s->on_done(c);
     free(c);
+}
+
+static void on_proc_closed(uv_handle_t *h) { child_handle_closed(h->data); }
+
+static void on_pipe_closed(uv_handle_t *h) {
+    ts_child_stream *st = h->data;
+    child_handle_closed(st->child);
 }
 
 /* One complete line from a child stream. */
@@ -121,7 +133,7 @@ static void on_read(uv_stream_t *h, ssize_t n, const uv_buf_t *buf) {
             st->len = 0;
         }
         st->open = 0;
-        uv_close((uv_handle_t *)&st->pipe, on_child_closed);
+        uv_close((uv_handle_t *)&st->pipe, on_pipe_closed);
     }
 }
 
@@ -130,7 +142,7 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int term_signal) {
     c->running = 0;
     c->exit_status = status;
     c->term_signal = term_signal;
-    uv_close((uv_handle_t *)p, on_child_closed);
+    uv_close((uv_handle_t *)p, on_proc_closed);
 }
 
 static void stream_init(ts_super *s, ts_child *c, ts_child_stream *st, FILE *out) {
@@ -191,9 +203,9 @@ ts_child *ts_super_spawn(ts_super *s, ts_proto_role role, int rank, const char *
         c->handles_open = 3;
         c->next = s->children;
         s->children = c;
-        uv_close((uv_handle_t *)&c->proc, on_child_closed);
-        uv_close((uv_handle_t *)&c->out.pipe, on_child_closed);
-        uv_close((uv_handle_t *)&c->err.pipe, on_child_closed);
+        uv_close((uv_handle_t *)&c->proc, on_proc_closed);
+        uv_close((uv_handle_t *)&c->out.pipe, on_pipe_closed);
+        uv_close((uv_handle_t *)&c->err.pipe, on_pipe_closed);
         return NULL;
     }
     c->running = 1;

@@ -78,6 +78,10 @@ struct ts_super {
     char readbuf[65536];  /* libuv read buffer, consumed at once */
 };
 
+/* Path of the running tessera-run into exe and its folder (where
+ * tessera-scheduler, -ps and -worker live) into dir; each cap bytes. */
+ts_status ts_super_paths(char *exe, char *dir, size_t cap);
+
 /* Sets up s on loop: finds tessera-run's own path and the binary folder,
  * installs the SIGINT/SIGTERM handlers. */
 ts_status ts_super_init(ts_super *s, uv_loop_t *loop);

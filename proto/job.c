@@ -67,11 +67,18 @@ static const field parallel_fields[] = {
     {0},
 };
 
+static const field standin_fields[] = {
+    INT_FIELD("size", standin.size, "4096", 1, 1 << 24),
+    INT_FIELD("step_ms", standin.step_ms, "0", 0, 600000),
+    {0},
+};
+
 static const field job_fields[] = {
     STRING_FIELD("name", name, "\"job\"", 1, name_charset),
     INT64_FIELD("seed", seed, "0", 0, INT64_MAX),
     INT64_FIELD("steps", steps, "10", 0, INT64_MAX),
     SECTION("parallel", parallel_fields),
+    SECTION("standin", standin_fields),
     {0},
 };
 

@@ -41,11 +41,18 @@ typedef struct {
     char key_file[TS_JOB_PATH_MAX];     /* "" = tessera-run generates one */
 } ts_job_parallel;
 
+/* The cluster stand-in loop of tessera-worker (strategy "standin"). */
+typedef struct {
+    int size;    /* random values each worker draws and reduces per step */
+    int step_ms; /* shortest step: the worker sleeps the rest of it */
+} ts_job_standin;
+
 typedef struct {
     char name[TS_JOB_NAME_MAX]; /* job id on the wire; [A-Za-z0-9._-] */
     int64_t seed;
     int64_t steps;
     ts_job_parallel parallel;
+    ts_job_standin standin;
 } ts_job;
 
 /* Reads the job file at path, applies the nsets overrides ("a.b=value") in

@@ -35,6 +35,8 @@ static void test_defaults(void **state) {
     assert_int_equal(job.parallel.max_workers, 1);
     assert_string_equal(job.parallel.bind, "127.0.0.1");
     assert_string_equal(job.parallel.key_file, "");
+    assert_int_equal(job.standin.size, 4096);
+    assert_int_equal(job.standin.step_ms, 0);
 }
 
 static void test_full_section(void **state) {
@@ -45,7 +47,7 @@ static void test_full_section(void **state) {
         "\"min_workers\": 3, \"max_workers\": 6, \"max_restarts\": 1,"
         "\"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 1000,"
         "\"barrier_timeout_ms\": 2000, \"bind\": \"0.0.0.0\","
-        "\"key_file\": \"/tmp/k\"}}";
+        "\"key_file\": \"/tmp/k\"}, \"standin\": {\"size\": 8, \"step_ms\": 20}}";
     ts_job job;
     assert_int_equal(ts_job_parse(text, NULL, 0, &job), TS_OK);
     assert_string_equal(job.name, "demo-1");
@@ -63,6 +65,8 @@ static void test_full_section(void **state) {
     assert_string_equal(job.parallel.bind, "0.0.0.0");
     assert_string_equal(job.parallel.key_file, "/tmp/k");
     assert_string_equal(ts_job_strategy_name(job.parallel.strategy), "standin");
+    assert_int_equal(job.standin.size, 8);
+    assert_int_equal(job.standin.step_ms, 20);
 }
 
 static void test_overrides(void **state) {

@@ -1,0 +1,403 @@
+/* cluster.c - the local cluster run of tessera-run. */
+#include "launch/cluster.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "launch/supervise.h"
+#include "proto/secure.h"
+
+enum { STARTUP_TIMEOUT_MS = 20000, STOP_GRACE_MS = 2000, DRAIN_MS = 3000 };
+
+typedef enum { PHASE_STARTING, PHASE_RUNNING, PHASE_DONE, PHASE_FAILED } phase;
+
+/* One place in the job: the scheduler, ps i or worker i, across restarts. */
+typedef struct {
+    ts_proto_role role;
+    int index;        /* ps i / worker i as launched */
+    int rank;         /* rank the scheduler assigned, -1 unknown */
+    ts_child *child;  /* current process, NULL when none */
+    int finished;     /* exited with status 0 */
+} slot;
+
+typedef struct {
+    const ts_cluster_opts *o;
+    uv_loop_t loop;
+    ts_super super;
+    uv_timer_t startup_timer, drain_timer;
+    char run_dir[PATH_MAX];
+    char key_file[PATH_MAX + 16];
+    char job_path[PATH_MAX];
+    char addr[TS_PROTO_ADDR_MAX + 1];
+    slot sched;
+    slot *ps, *workers;
+    int restarts_used;
+    phase phase;
+    int exit_code;
+    char reason[2048];
+} cluster;
+
+void ts_cluster_scheduler_args(ts_argv *a, const ts_job *job,
+                               const char *bind_endpoint, const char *key_file) {
+    const ts_job_parallel *p = &job->parallel;
+    ts_argv_push(a, "--bind");
+    ts_argv_push(a, bind_endpoint);
+    ts_argv_push(a, "--job");
+    ts_argv_push(a, job->name);
+    ts_argv_push(a, "--key-file");
+    ts_argv_push(a, key_file);
+    ts_argv_pushf(a, "--min-workers=%d", p->min_workers);
+    ts_argv_pushf(a, "--max-workers=%d", p->max_workers);
+    ts_argv_pushf(a, "--servers=%d", p->servers);
+    ts_argv_pushf(a, "--heartbeat-ms=%d", p->heartbeat_ms);
+    ts_argv_pushf(a, "--heartbeat-timeout-ms=%d", p->heartbeat_timeout_ms);
+    ts_argv_pushf(a, "--barrier-timeout-ms=%d", p->barrier_timeout_ms);
+    ts_argv_pushf(a, "--steps=%lld", (long long)job->steps);
+}
+
+void ts_cluster_node_args(ts_argv *a, const char *addr, const char *key_file,
+                          const char *job_path, char *const *sets, int nsets) {
+    ts_argv_push(a, "--scheduler");
+    ts_argv_push(a, addr);
+    ts_argv_push(a, "--key-file");
+    ts_argv_push(a, key_file);
+    ts_argv_push(a, "--job");
+    ts_argv_push(a, job_path);
+    for (int i = 0; i < nsets; i++) {
+        ts_argv_push(a, "--set");
+        ts_argv_push(a, sets[i]);
+    }
+}
+
+/* Ends the job as failed (first reason wins) and stops every child. */
+static void fail(cluster *cl, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail(cluster *cl, int code, const char *fmt, ...) {
+    if (cl->phase == PHASE_FAILED) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cl->reason, sizeof cl->reason, fmt, ap);
+    va_end(ap);
+    cl->phase = PHASE_FAILED;
+    cl->exit_code = code;
+    fprintf(stderr, "[run] job %s failed: %s; stopping every process\n",
+            cl->o->job.name, cl->reason);
+    ts_super_stop(&cl->super, STOP_GRACE_MS);
+}
+
+/* Starts (or restarts) the ps or worker of slot sl. */
+static void spawn_node(cluster *cl, slot *sl) {
+    ts_argv a = {0};
+    ts_cluster_node_args(&a, cl->addr, cl->key_file, cl->job_path,
+                         cl->o->sets, cl->o->nsets);
+    if (sl->rank >= 0) ts_argv_pushf(&a, "--rank=%d", sl->rank);
+    ts_child *c = NULL;
+    if (ts_argv_ok(&a)) {
+        const char *prog = sl->role == TS_ROLE_PS ? "tessera-ps" : "tessera-worker";
+        c = ts_super_spawn(&cl->super, sl->role, sl->index, prog, a.v);
+    } else {
+        ts_error(TS_ERR_MEMORY, "tessera-run: out of memory");
+    }
+    ts_argv_free(&a);
+    sl->child = c;
+    if (c) {
+        c->user = sl;
+        fprintf(stderr, "[run] %s %d: pid %d\n", ts_proto_role_name(sl->role),
+                sl->index, c->proc.pid);
+    } else {
+        fail(cl, 1, "%s", ts_last_error());
+    }
+}
+
+/* Writes text to path atomically (temporary file + rename). */
+static int write_atomic(const char *path, const char *text) {
+    char tmp[PATH_MAX + 64];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return -1;
+    int ok = fputs(text, f) >= 0;
+    ok = (fclose(f) == 0) && ok;
+    return ok && rename(tmp, path) == 0 ? 0 : -1;
+}
+
+/* The scheduler told us where it listens: record it, start the nodes. */
+static void scheduler_ready(cluster *cl, const char *endpoint) {
+    snprintf(cl->addr, sizeof cl->addr, "%s", endpoint);
+    uv_timer_stop(&cl->startup_timer);
+    char path[PATH_MAX + 32], text[TS_PROTO_ADDR_MAX + 2];
+    snprintf(path, sizeof path, "%s/scheduler.addr", cl->run_dir);
+    snprintf(text, sizeof text, "%s\n", cl->addr);
+    if (write_atomic(path, text) != 0)
+        fprintf(stderr, "[run] warning: cannot write %s: %s\n", path,
+                strerror(errno));
+    fprintf(stderr, "[run] scheduler at %s; starting %d ps and %d workers\n",
+            cl->addr, cl->o->job.parallel.servers, cl->o->job.parallel.workers);
+    cl->phase = PHASE_RUNNING;
+    for (int i = 0; i < cl->o->job.parallel.servers && cl->phase == PHASE_RUNNING; i++)
+        spawn_node(cl, &cl->ps[i]);
+    for (int i = 0; i < cl->o->job.parallel.workers && cl->phase == PHASE_RUNNING; i++)
+        spawn_node(cl, &cl->workers[i]);
+}
+
+static int on_line(ts_child *c, const char *line) {
+    cluster *cl = c->super->user;
+    slot *sl = c->user;
+    if (c->role == TS_ROLE_SCHEDULER) {
+        if (cl->addr[0] == '\0' && cl->phase == PHASE_STARTING &&
+            strncmp(line, "listening ", 10) == 0)
+            scheduler_ready(cl, line + 10);
+    } else if (sl) {
+        int rank;
+        if (sscanf(line, "joined rank=%d", &rank) == 1) sl->rank = rank;
+    }
+    return 1;
+}
+
+/* True when no ps or worker process is running any more. */
+static int nodes_gone(const cluster *cl) {
+    for (int i = 0; i < cl->o->job.parallel.servers; i++)
+        if (cl->ps[i].child) return 0;
+    for (int i = 0; i < cl->o->job.parallel.workers; i++)
+        if (cl->workers[i].child) return 0;
+    return 1;
+}
+
+static void drain_expired(uv_timer_t *t) {
+    cluster *cl = t->data;
+    if (cl->phase == PHASE_RUNNING) {
+        fail(cl, 1, "every node finished but the scheduler did not exit within %d ms",
+             DRAIN_MS);
+    } else if (ts_super_live(&cl->super) > 0) {
+        fprintf(stderr, "[run] warning: stopping the processes still running "
+                        "%d ms after the job ended\n", DRAIN_MS);
+        ts_super_stop(&cl->super, STOP_GRACE_MS);
+    }
+}
+
+static void startup_expired(uv_timer_t *t) {
+    cluster *cl = t->data;
+    fail(cl, 1, "scheduler did not report its address within %d ms",
+         STARTUP_TIMEOUT_MS);
+}
+
+/* Number of worker processes running now. */
+static int workers_running(const cluster *cl) {
+    int n = 0;
+    for (int i = 0; i < cl->o->job.parallel.workers; i++)
+        if (cl->workers[i].child) n++;
+    return n;
+}
+
+static void on_done(ts_child *c) {
+    cluster *cl = c->super->user;
+    slot *sl = c->user;
+    char what[256], reason[TS_LINE_MAX + 512];
+    ts_super_describe_exit(c, what, sizeof what);
+    if (c->last_err[0])
+        snprintf(reason, sizeof reason, ": %s", c->last_err);
+    else
+        reason[0] = '\0';
+    int ok = c->term_signal == 0 && c->exit_status == 0;
+    sl->child = NULL;
+    sl->finished = ok;
+
+    if (sl->role == TS_ROLE_SCHEDULER) {
+        if (ok && cl->phase != PHASE_FAILED) {
+            cl->phase = PHASE_DONE;
+        } else if (cl->phase == PHASE_STARTING || cl->phase == PHASE_RUNNING) {
+            fail(cl, 1, "%s%s", what, reason);
+        }
+    } else if (!ok && cl->phase == PHASE_RUNNING) {
+        const ts_job_parallel *p = &cl->o->job.parallel;
+        if (sl->role == TS_ROLE_WORKER && cl->restarts_used < p->max_restarts) {
+            cl->restarts_used++;
+            fprintf(stderr, "[run] %s%s; restarting it (restart %d of %d)\n",
+                    what, reason, cl->restarts_used, p->max_restarts);
+            spawn_node(cl, sl);
+        } else if (sl->role == TS_ROLE_WORKER && workers_running(cl) >= p->min_workers) {
+            fprintf(stderr,
+                    "[run] %s, restart budget %d used up; the job goes on with "
+                    "%d workers (min_workers %d)\n",
+                    what, p->max_restarts, workers_running(cl), p->min_workers);
+        } else if (sl->role == TS_ROLE_WORKER) {
+            fail(cl, 1, "%s, restart budget %d used up%s", what, p->max_restarts,
+                 reason);
+        } else {
+            fail(cl, 1, "%s%s", what, reason);
+        }
+    }
+    /* the scheduler ended the job, or every node finished: give the rest
+     * a moment to exit by themselves */
+    if ((cl->phase == PHASE_DONE || (cl->phase == PHASE_RUNNING && nodes_gone(cl))) &&
+        !uv_is_active((uv_handle_t *)&cl->drain_timer))
+        uv_timer_start(&cl->drain_timer, drain_expired, DRAIN_MS, 0);
+}
+
+static void on_signal(ts_super *s, int signum) {
+    cluster *cl = s->user;
+    if (cl->phase == PHASE_FAILED || s->stopping) {
+        fprintf(stderr, "[run] second signal: killing every process now\n");
+        for (ts_child *c = s->children; c; c = c->next) ts_super_signal(c, SIGKILL);
+        return;
+    }
+    fail(cl, 128 + signum, "interrupted by %s", signum == SIGINT ? "SIGINT" : "SIGTERM");
+}
+
+/* Creates the run folder into cl->run_dir. */
+static ts_status make_run_dir(cluster *cl) {
+    if (cl->o->run_dir) {
+        snprintf(cl->run_dir, sizeof cl->run_dir, "%s", cl->o->run_dir);
+        if (mkdir(cl->run_dir, 0755) != 0 && errno != EEXIST)
+            return ts_error(TS_ERR_IO, "tessera-run: cannot create %s: %s",
+                            cl->run_dir, strerror(errno));
+        return TS_OK;
+    }
+    if (mkdir("runs", 0755) != 0 && errno != EEXIST)
+        return ts_error(TS_ERR_IO, "tessera-run: cannot create runs/: %s",
+                        strerror(errno));
+    char stamp[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    for (int n = 1; n < 1000; n++) {
+        if (n == 1)
+            snprintf(cl->run_dir, sizeof cl->run_dir, "runs/%s-%s", cl->o->job.name,
+                     stamp);
+        else
+            snprintf(cl->run_dir, sizeof cl->run_dir, "runs/%s-%s-%d",
+                     cl->o->job.name, stamp, n);
+        if (mkdir(cl->run_dir, 0755) == 0) return TS_OK;
+        if (errno != EEXIST) break;
+    }
+    return ts_error(TS_ERR_IO, "tessera-run: cannot create %s: %s", cl->run_dir,
+                    strerror(errno));
+}
+
+/* Run folder, resolved job.json, key file. */
+static ts_status prepare(cluster *cl) {
+    const ts_job *job = &cl->o->job;
+    if (!realpath(cl->o->job_path, cl->job_path))
+        return ts_error(TS_ERR_IO, "tessera-run: %s: %s", cl->o->job_path,
+                        strerror(errno));
+    ts_status st = make_run_dir(cl);
+    if (st != TS_OK) return st;
+
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/job.json", cl->run_dir);
+    json_t *doc = ts_job_to_json(job);
+    int rc = doc ? json_dump_file(doc, path, JSON_INDENT(2) | JSON_SORT_KEYS) : -1;
+    json_decref(doc);
+    if (rc != 0)
+        return ts_error(TS_ERR_IO, "tessera-run: cannot write %s", path);
+
+    if (job->parallel.key_file[0]) {
+        snprintf(cl->key_file, sizeof cl->key_file, "%s", job->parallel.key_file);
+        ts_secure_keys keys;
+        return ts_secure_load(cl->key_file, &keys);
+    }
+    snprintf(cl->key_file, sizeof cl->key_file, "%s/job.key", cl->run_dir);
+    if (unlink(cl->key_file) != 0 && errno != ENOENT) /* a reused --run-dir */
+        return ts_error(TS_ERR_IO, "tessera-run: cannot replace %s: %s",
+                        cl->key_file, strerror(errno));
+    return ts_secure_keygen(cl->key_file, NULL);
+}
+
+/* Starts the scheduler child. */
+static ts_status start_scheduler(cluster *cl) {
+    ts_argv a = {0};
+    char endpoint[TS_JOB_BIND_MAX + 16];
+    snprintf(endpoint, sizeof endpoint, "tcp://%s:0", cl->o->job.parallel.bind);
+    ts_cluster_scheduler_args(&a, &cl->o->job, endpoint, cl->key_file);
+    if (!ts_argv_ok(&a)) {
+        ts_argv_free(&a);
+        return ts_error(TS_ERR_MEMORY, "tessera-run: out of memory");
+    }
+    ts_child *c = ts_super_spawn(&cl->super, TS_ROLE_SCHEDULER, 0,
+                                 "tessera-scheduler", a.v);
+    ts_argv_free(&a);
+    if (!c) return ts_last_status();
+    c->user = &cl->sched;
+    cl->sched.child = c;
+    uv_timer_start(&cl->startup_timer, startup_expired, STARTUP_TIMEOUT_MS, 0);
+    return TS_OK;
+}
+
+int ts_cluster_run(const ts_cluster_opts *o) {
+    const ts_job_parallel *p = &o->job.parallel;
+    cluster *cl = calloc(1, sizeof *cl);
+    slot *slots = calloc((size_t)(p->servers + p->workers), sizeof *slots);
+    if (!cl || !slots) {
+        fprintf(stderr, "tessera-run: out of memory\n");
+        free(cl);
+        free(slots);
+        return 1;
+    }
+    cl->o = o;
+    cl->ps = slots;
+    cl->workers = slots + p->servers;
+    cl->sched = (slot){TS_ROLE_SCHEDULER, 0, -1, NULL, 0};
+    for (int i = 0; i < p->servers; i++) cl->ps[i] = (slot){TS_ROLE_PS, i, -1, NULL, 0};
+    for (int i = 0; i < p->workers; i++)
+        cl->workers[i] = (slot){TS_ROLE_WORKER, i, -1, NULL, 0};
+
+    int code = 1;
+    ts_status st = prepare(cl);
+    if (st != TS_OK) {
+        fprintf(stderr, "tessera-run: %s\n", ts_last_error());
+        goto out;
+    }
+    uv_loop_init(&cl->loop);
+    st = ts_super_init(&cl->super, &cl->loop);
+    if (st != TS_OK) {
+        fprintf(stderr, "%s\n", ts_last_error());
+        uv_loop_close(&cl->loop);
+        goto out;
+    }
+    char log_path[PATH_MAX + 32];
+    snprintf(log_path, sizeof log_path, "%s/cluster.log", cl->run_dir);
+    cl->super.log = fopen(log_path, "w");
+    cl->super.user = cl;
+    cl->super.on_line = on_line;
+    cl->super.on_done = on_done;
+    cl->super.on_signal = on_signal;
+    uv_timer_init(&cl->loop, &cl->startup_timer);
+    uv_timer_init(&cl->loop, &cl->drain_timer);
+    cl->startup_timer.data = cl->drain_timer.data = cl;
+    uv_unref((uv_handle_t *)&cl->startup_timer);
+    uv_unref((uv_handle_t *)&cl->drain_timer);
+
+    fprintf(stderr, "[run] job %s (%s): %d ps, %d workers, %lld steps; run folder %s\n",
+            o->job.name, ts_job_strategy_name(p->strategy), p->servers, p->workers,
+            (long long)o->job.steps, cl->run_dir);
+    if (start_scheduler(cl) != TS_OK) fail(cl, 1, "%s", ts_last_error());
+    uv_run(&cl->loop, UV_RUN_DEFAULT);
+
+    uv_close((uv_handle_t *)&cl->startup_timer, NULL);
+    uv_close((uv_handle_t *)&cl->drain_timer, NULL);
+    ts_super_close(&cl->super);
+    uv_loop_close(&cl->loop);
+    if (cl->super.log) fclose(cl->super.log);
+
+    if (cl->phase == PHASE_FAILED) {
+        fprintf(stderr, "[run] job %s failed: %s (run folder %s)\n", o->job.name,
+                cl->reason, cl->run_dir);
+        code = cl->exit_code;
+    } else {
+        fprintf(stderr, "[run] job %s completed (run folder %s)\n", o->job.name,
+                cl->run_dir);
+        code = 0;
+    }
+out:
+    free(slots);
+    free(cl);
+    return code;
+}

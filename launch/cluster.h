@@ -1,0 +1,39 @@
+/* cluster.h - tessera-run's local cluster: one scheduler, S ps, W workers.
+ *
+ * ts_cluster_run() makes the run folder (job.json as resolved, job.key
+ * unless parallel.key_file is given, scheduler.addr once known, cluster.log
+ * with every child line), starts tessera-scheduler on port 0, reads its
+ * "listening ENDPOINT" line, then starts the ps and worker processes,
+ * supervises them (restarting failed workers within parallel.max_restarts,
+ * asking for their old rank) and stops everything on completion, failure
+ * or SIGINT/SIGTERM. Every exit path leaves no child running.
+ */
+#ifndef TS_CLUSTER_H
+#define TS_CLUSTER_H
+
+#include "launch/argv.h"
+#include "proto/job.h"
+
+typedef struct {
+    const char *job_path;     /* the job file as given (children re-read it) */
+    char *const *sets;        /* --set overrides, passed on to children */
+    int nsets;
+    const char *run_dir;      /* NULL = runs/<name>-<timestamp> */
+    ts_job job;               /* the job, overrides applied */
+} ts_cluster_opts;
+
+/* Runs the job to its end; returns tessera-run's exit status (0 when the job
+ * completed) after printing the outcome as the last "[run]" line. */
+int ts_cluster_run(const ts_cluster_opts *o);
+
+/* Scheduler flags for job (endpoint bind_endpoint, key file key_file),
+ * appended to a. */
+void ts_cluster_scheduler_args(ts_argv *a, const ts_job *job,
+                               const char *bind_endpoint, const char *key_file);
+
+/* Flags of a node (ps or worker) joining the scheduler at addr, appended to
+ * a: --scheduler ADDR --key-file KEY --job JOB [--set S]... */
+void ts_cluster_node_args(ts_argv *a, const char *addr, const char *key_file,
+                          const char *job_path, char *const *sets, int nsets);
+
+#endif

@@ -1,0 +1,179 @@
+/* main.c - tessera-run: command line and dispatch to the run modes. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "launch/argv.h"
+#include "launch/cluster.h"
+#include "launch/launch.h"
+#include "launch/supervise.h"
+
+static const char usage[] =
+    "usage:\n"
+    "  tessera-run JOB.json [--set key.path=value]... [--run-dir DIR]\n"
+    "      run the job: a local cluster of 1 scheduler, parallel.servers ps\n"
+    "      and parallel.workers workers (strategy \"standin\")\n"
+    "  tessera-run --join ADDRESS --key-file PATH JOB.json [--set ...] [--rank N]\n"
+    "      start one more worker against the running job at ADDRESS\n"
+    "  tessera-run --status ADDRESS --key-file PATH\n"
+    "      print the roster, generation and last heartbeats of a running job\n"
+    "  tessera-run --mpi [--role scheduler|ps|worker] JOB.json [--set ...]\n"
+    "      under mpirun: MPI rank 0 is the scheduler, the next parallel.servers\n"
+    "      ranks are ps, the rest workers (--role sets it for MPMD launches)\n"
+    "  tessera-run --help\n";
+
+/* Parsed command line. */
+typedef struct {
+    enum { MODE_RUN, MODE_JOIN, MODE_STATUS, MODE_MPI } mode;
+    const char *address;  /* --join / --status */
+    const char *key_file;
+    const char *job_path;
+    const char *run_dir;
+    const char *role;     /* --mpi --role */
+    int rank;             /* --join --rank, -1 none */
+    char **sets;
+    int nsets;
+} cli;
+
+/* Value of flag argv[*i] given as "--flag=value" or "--flag value". */
+static const char *flag_value(int argc, char **argv, int *i, const char *flag) {
+    size_t n = strlen(flag);
+    if (strncmp(argv[*i], flag, n) != 0) return NULL;
+    if (argv[*i][n] == '=') return argv[*i] + n + 1;
+    if (argv[*i][n] != '\0') return NULL;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "tessera-run: %s needs a value\n%s", flag, usage);
+        exit(2);
+    }
+    return argv[++*i];
+}
+
+static int parse_cli(int argc, char **argv, cli *c) {
+    memset(c, 0, sizeof *c);
+    c->rank = -1;
+    c->sets = calloc((size_t)argc, sizeof *c->sets);
+    if (!c->sets) return -1;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(usage, stdout);
+            exit(0);
+        } else if ((v = flag_value(argc, argv, &i, "--set"))) {
+            c->sets[c->nsets++] = (char *)v;
+        } else if ((v = flag_value(argc, argv, &i, "--join"))) {
+            c->mode = MODE_JOIN;
+            c->address = v;
+        } else if ((v = flag_value(argc, argv, &i, "--status"))) {
+            c->mode = MODE_STATUS;
+            c->address = v;
+        } else if (strcmp(argv[i], "--mpi") == 0) {
+            c->mode = MODE_MPI;
+        } else if ((v = flag_value(argc, argv, &i, "--key-file"))) {
+            c->key_file = v;
+        } else if ((v = flag_value(argc, argv, &i, "--run-dir"))) {
+            c->run_dir = v;
+        } else if ((v = flag_value(argc, argv, &i, "--role"))) {
+            c->role = v;
+        } else if ((v = flag_value(argc, argv, &i, "--rank"))) {
+            char *end;
+            long r = strtol(v, &end, 10);
+            if (*v == '\0' || *end != '\0' || r < 0 || r > INT_MAX) {
+                fprintf(stderr, "tessera-run: --rank: \"%s\" is not a rank\n", v);
+                return -1;
+            }
+            c->rank = (int)r;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "tessera-run: unknown option %s\n%s", argv[i], usage);
+            return -1;
+        } else if (!c->job_path) {
+            c->job_path = argv[i];
+        } else {
+            fprintf(stderr, "tessera-run: unexpected argument %s (one job file)\n",
+                    argv[i]);
+            return -1;
+        }
+    }
+    if (c->mode == MODE_STATUS && c->job_path) {
+        fprintf(stderr, "tessera-run --status takes no job file (%s)\n", c->job_path);
+        return -1;
+    }
+    if (c->mode != MODE_STATUS && !c->job_path) {
+        fprintf(stderr, "tessera-run: no job file given\n%s", usage);
+        return -1;
+    }
+    if ((c->mode == MODE_JOIN || c->mode == MODE_STATUS) && !c->key_file &&
+        !getenv("TESSERA_KEY_FILE")) {
+        fprintf(stderr, "tessera-run: %s needs --key-file PATH (or TESSERA_KEY_FILE)\n",
+                c->mode == MODE_JOIN ? "--join" : "--status");
+        return -1;
+    }
+    if (!c->key_file) c->key_file = getenv("TESSERA_KEY_FILE");
+    if (c->role && c->mode != MODE_MPI) {
+        fprintf(stderr, "tessera-run: --role is only for --mpi\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* --join: replaces this process with one tessera-worker. */
+static int run_join(const cli *c) {
+    char exe[PATH_MAX], dir[PATH_MAX], prog[PATH_MAX + 32];
+    if (ts_super_paths(exe, dir, sizeof dir) != TS_OK) {
+        fprintf(stderr, "%s\n", ts_last_error());
+        return 1;
+    }
+    snprintf(prog, sizeof prog, "%s/tessera-worker", dir);
+    ts_argv a = {0};
+    ts_argv_push(&a, prog);
+    ts_cluster_node_args(&a, c->address, c->key_file, c->job_path, c->sets, c->nsets);
+    if (c->rank >= 0) ts_argv_pushf(&a, "--rank=%d", c->rank);
+    if (!ts_argv_ok(&a)) {
+        fprintf(stderr, "tessera-run: out of memory\n");
+        return 1;
+    }
+    fflush(NULL);
+    execv(prog, a.v);
+    perror(prog);
+    ts_argv_free(&a);
+    return 127;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "--exec-child") == 0)
+        return ts_super_exec_child(argc, argv);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+
+    cli c;
+    if (parse_cli(argc, argv, &c) != 0) return 2;
+    int code;
+    if (c.mode == MODE_STATUS) {
+        code = ts_launch_status(c.address, c.key_file);
+    } else {
+        ts_cluster_opts o = {.job_path = c.job_path, .sets = c.sets,
+                             .nsets = c.nsets, .run_dir = c.run_dir};
+        if (ts_job_load(c.job_path, (const char *const *)c.sets, c.nsets, &o.job) !=
+            TS_OK) {
+            fprintf(stderr, "tessera-run: %s\n", ts_last_error());
+            free(c.sets);
+            return 2;
+        }
+        if (o.job.parallel.strategy == TS_STRATEGY_LOCAL) {
+            fprintf(stderr,
+                    "tessera-run: %s: strategy \"local\" (training in this process) "
+                    "is not built yet; set parallel.strategy to \"standin\" for the "
+                    "cluster stand-in loop\n",
+                    c.job_path);
+            code = 2;
+        } else if (c.mode == MODE_JOIN) {
+            code = run_join(&c);
+        } else if (c.mode == MODE_MPI) {
+            code = ts_launch_mpi(&o, c.role, argc, argv);
+        } else {
+            code = ts_cluster_run(&o);
+        }
+    }
+    free(c.sets);
+    return code;
+}

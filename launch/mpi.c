@@ -1,0 +1,217 @@
+/* mpi.c - tessera-run --mpi: one node of the job per MPI process.
+ *
+ * Every process finds its role (by MPI rank, or --role for MPMD launches),
+ * the roles are gathered so each process knows the layout, the scheduler's
+ * process generates the job key, starts the scheduler in-process and
+ * broadcasts its endpoint and the key file bytes; the others write the key
+ * to a 0600 file in a private temporary folder. MPI is finalised before the
+ * node runs (ZeroMQ carries the job's traffic), and the node then runs in
+ * this process: ts_sched_run, ts_ps_standin_run or ts_worker_standin_run.
+ */
+#include "launch/launch.h"
+
+#include <stdio.h>
+
+#if TESSERA_WITH_MPI
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ps/standin.h"
+#include "proto/wire.h"
+#include "proto/secure.h"
+#include "scheduler/sched.h"
+#include "worker/standin.h"
+
+enum { KEY_FILE_MAX = 4096 };
+
+/* The role of this process: --role, else by rank (0 scheduler, 1..S ps). */
+static int local_role(const char *role, int rank, int servers, ts_proto_role *out) {
+    if (role) {
+        if (ts_proto_role_parse(role, out) != TS_OK) {
+            fprintf(stderr, "tessera-run --mpi: --role %s: expected scheduler, ps "
+                            "or worker\n", role);
+            return -1;
+        }
+        return 0;
+    }
+    *out = rank == 0 ? TS_ROLE_SCHEDULER : rank <= servers ? TS_ROLE_PS : TS_ROLE_WORKER;
+    return 0;
+}
+
+/* Reads the whole key file into buf; returns its length or -1. */
+static long read_key(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, cap, f);
+    int bad = ferror(f) || n == cap;
+    fclose(f);
+    return bad ? -1 : (long)n;
+}
+
+/* Writes the key bytes to a new 0600 file in the private folder dir. */
+static int write_key(const char *dir, const char *bytes, long n, char *path,
+                     size_t cap) {
+    snprintf(path, cap, "%s/job.key", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) return -1;
+    int ok = write(fd, bytes, (size_t)n) == (ssize_t)n;
+    ok = close(fd) == 0 && ok;
+    return ok ? 0 : -1;
+}
+
+/* Replaces a wildcard host (0.0.0.0, *) in endpoint with this host's name,
+ * so that other nodes can connect to it. */
+static void public_endpoint(const char *bound, char *out, size_t cap) {
+    const char *host = strstr(bound, "://");
+    const char *port = strrchr(bound, ':');
+    host = host ? host + 3 : bound;
+    if (port && port > host &&
+        (strncmp(host, "0.0.0.0:", 8) == 0 || strncmp(host, "*:", 2) == 0)) {
+        char name[HOST_NAME_MAX + 1];
+        if (gethostname(name, sizeof name) == 0) {
+            name[sizeof name - 1] = '\0';
+            snprintf(out, cap, "tcp://%s%s", name, port);
+            return;
+        }
+    }
+    snprintf(out, cap, "%s", bound);
+}
+
+int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
+                  char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+
+    ts_job job = o->job;
+    ts_proto_role mine;
+    int bad = local_role(role, rank, job.parallel.servers, &mine);
+    int *roles = calloc((size_t)size, sizeof *roles);
+    int r = bad ? -1 : (int)mine;
+    if (!roles) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Allgather(&r, 1, MPI_INT, roles, 1, MPI_INT, MPI_COMM_WORLD);
+    int root = -1, nsched = 0, nps = 0, nworkers = 0, nbad = 0;
+    for (int i = 0; i < size; i++) {
+        if (roles[i] == TS_ROLE_SCHEDULER) {
+            nsched++;
+            root = i;
+        }
+        nps += roles[i] == TS_ROLE_PS;
+        nworkers += roles[i] == TS_ROLE_WORKER;
+        nbad += roles[i] < 0;
+    }
+    free(roles);
+    if (nbad || nsched != 1 || nworkers < 1) {
+        if (rank == 0 && !nbad)
+            fprintf(stderr,
+                    "tessera-run --mpi: %d processes give %d schedulers, %d ps and "
+                    "%d workers; a job needs one scheduler and at least one worker "
+                    "(mpirun -np %d or more for parallel.servers = %d)\n",
+                    size, nsched, nps, nworkers, job.parallel.servers + 2,
+                    job.parallel.servers);
+        MPI_Finalize();
+        return 2;
+    }
+    /* the MPI layout decides the world */
+    job.parallel.servers = nps;
+    job.parallel.workers = nworkers;
+    if (job.parallel.min_workers > nworkers) job.parallel.min_workers = nworkers;
+    if (job.parallel.max_workers < nworkers) job.parallel.max_workers = nworkers;
+
+    char dir[] = "/tmp/tessera-mpi-XXXXXX";
+    char key_path[PATH_MAX] = "";
+    char *key = calloc(1, KEY_FILE_MAX);
+    char endpoint[TS_PROTO_ADDR_MAX + 1] = "";
+    ts_sched *sched = NULL;
+    long key_len = -1;
+    int made_dir = 0;
+    if (!key) MPI_Abort(MPI_COMM_WORLD, 1);
+
+    if (rank == root) {
+        int ok = job.parallel.key_file[0] != '\0' || mkdtemp(dir) != NULL;
+        made_dir = ok && !job.parallel.key_file[0];
+        if (job.parallel.key_file[0])
+            snprintf(key_path, sizeof key_path, "%s", job.parallel.key_file);
+        else if (ok)
+            snprintf(key_path, sizeof key_path, "%s/job.key", dir);
+        if (ok && !job.parallel.key_file[0] && ts_secure_keygen(key_path, NULL) != TS_OK)
+            ok = 0;
+        if (ok) key_len = read_key(key_path, key, KEY_FILE_MAX);
+        if (key_len < 0) {
+            fprintf(stderr, "tessera-run --mpi: job key %s: %s\n", key_path,
+                    ts_last_error()[0] ? ts_last_error() : strerror(errno));
+        } else {
+            ts_argv a = {0};
+            char bind[TS_JOB_BIND_MAX + 16];
+            snprintf(bind, sizeof bind, "tcp://%s:0", job.parallel.bind);
+            ts_argv_push(&a, "tessera-scheduler");
+            ts_cluster_scheduler_args(&a, &job, bind, key_path);
+            ts_sched_config cfg;
+            int help = 0;
+            if (ts_argv_ok(&a) &&
+                ts_sched_config_parse(a.n, a.v, &cfg, &help) == TS_OK)
+                sched = ts_sched_create(&cfg);
+            ts_argv_free(&a);
+            if (sched) {
+                public_endpoint(ts_sched_endpoint(sched), endpoint, sizeof endpoint);
+                printf("listening %s\n", endpoint);
+                fflush(stdout);
+            } else {
+                fprintf(stderr, "tessera-run --mpi: scheduler: %s\n", ts_last_error());
+                key_len = -1;
+            }
+        }
+    }
+    MPI_Bcast(&key_len, 1, MPI_LONG, root, MPI_COMM_WORLD);
+    if (key_len < 0) { /* the scheduler could not start: everyone stops */
+        MPI_Finalize();
+        free(key);
+        return 1;
+    }
+    MPI_Bcast(key, (int)key_len, MPI_CHAR, root, MPI_COMM_WORLD);
+    MPI_Bcast(endpoint, sizeof endpoint, MPI_CHAR, root, MPI_COMM_WORLD);
+    int wrote = 1;
+    if (rank != root) {
+        made_dir = mkdtemp(dir) != NULL;
+        wrote = made_dir && write_key(dir, key, key_len, key_path, sizeof key_path) == 0;
+        if (!wrote)
+            fprintf(stderr, "tessera-run --mpi: rank %d: cannot write the job key "
+                            "under %s: %s\n", rank, dir, strerror(errno));
+    }
+    free(key);
+    MPI_Finalize();
+
+    int code = 1;
+    if (rank == root) {
+        code = ts_sched_run(sched);
+        ts_sched_destroy(sched);
+    } else if (wrote && mine == TS_ROLE_PS) {
+        code = ts_ps_standin_run(endpoint, key_path, &job, -1);
+    } else if (wrote) {
+        code = ts_worker_standin_run(endpoint, key_path, &job, -1);
+    }
+    if (made_dir) {
+        unlink(key_path);
+        rmdir(dir);
+    }
+    return code;
+}
+
+#else
+
+int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
+                  char **argv) {
+    (void)o, (void)role, (void)argc, (void)argv;
+    fprintf(stderr, "tessera-run --mpi: this build has no MPI support "
+                    "(configure with TESSERA_WITH_MPI=ON and Open MPI installed)\n");
+    return 2;
+}
+
+#endif
