@@ -10,6 +10,7 @@
  * SGD with momentum 1 = momentum buffer, Adam/AdamW 2 = m then v). Slot s of
  * element offset+i lives at state[s * stride + i]: a whole model uses one
  * buffer of k*N floats (stride N), a shard one of k*len (stride len).
+ * State must be zero before step 1 (as PyTorch's lazily created state is).
  *
  * Updates follow torch.optim.SGD / Adam / AdamW (PyTorch 1.13, no amsgrad, no
  * maximize): SGD adds weight_decay*p to the gradient, starts the momentum
