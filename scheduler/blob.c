@@ -35,7 +35,8 @@ static sched_blob *find(ts_sched *s, const char *key)
     return NULL;
 }
 
-/* BLOB_REPLY(key, found[, bytes]) to one peer. */
+/* BLOB_REPLY(key, found, one payload frame) to one peer: the blob's bytes,
+ * or an empty frame acknowledging a put (with_bytes false). */
 static void reply(ts_sched *s, const ts_proto_identity *to, const char *key, const sched_blob *b,
                   bool with_bytes)
 {
@@ -43,8 +44,8 @@ static void reply(ts_sched *s, const ts_proto_identity *to, const char *key, con
     sched_msg_init(s, &m, TS_MSG_BLOB_REPLY);
     ts_proto_set_str(m.key, sizeof m.key, key);
     m.found = b != NULL;
-    ts_proto_payload p = {b ? b->data : NULL, b ? b->size : 0, NULL, NULL};
-    sched_send(s, to, &m, &p, b && with_bytes ? 1 : 0);
+    ts_proto_payload p = {b && with_bytes ? b->data : "", b && with_bytes ? b->size : 0, NULL, NULL};
+    sched_send(s, to, &m, &p, b ? 1 : 0);
     ts_proto_msg_free(&m);
 }
 
