@@ -59,8 +59,8 @@ static void mat_of(const ts_tensor *t, int nb, const int64_t *bshape, gemm_mat *
 static bool gemmable(const ts_tensor *t) {
     gemm_mat m;
     mat_of(t, 0, NULL, &m);
-    bool tr;
-    int64_t ld;
+    bool tr = false;
+    int64_t ld = 1;
     return mat_layout(&m, &tr, &ld);
 }
 
@@ -69,8 +69,8 @@ static bool gemmable(const ts_tensor *t) {
  * a and b (when c is summed along it), if the strides allow and the merged
  * matrices stay BLAS-compatible. Returns whether it merged. */
 static bool fold_dim(gemm_mat *a, gemm_mat *b, gemm_mat *c, int64_t n, int d) {
-    bool tr;
-    int64_t ld;
+    bool tr = false;
+    int64_t ld = 1;
     gemm_mat a2 = *a, b2 = *b, c2 = *c;
     if (b->bst[d] == 0 && a->bst[d] == a->rows * a->rs && c->bst[d] == c->rows * c->rs) {
         a2.rows *= n;
@@ -92,8 +92,8 @@ static bool fold_dim(gemm_mat *a, gemm_mat *b, gemm_mat *c, int64_t n, int d) {
 /* One GEMM c = a·b + beta c on matrices already checked by mat_layout. */
 static void gemm_call(ts_dtype dt, const gemm_mat *a, const gemm_mat *b, const gemm_mat *c, int64_t off_a,
                       int64_t off_b, int64_t off_c, double beta) {
-    bool ta, tb, tc;
-    int64_t lda, ldb, ldc;
+    bool ta = false, tb = false, tc = false;
+    int64_t lda = 1, ldb = 1, ldc = 1;
     mat_layout(a, &ta, &lda);
     mat_layout(b, &tb, &ldb);
     mat_layout(c, &tc, &ldc);
@@ -155,8 +155,8 @@ ts_status ts_matmul_into(ts_tensor *out, const ts_tensor *a, const ts_tensor *b,
     }
     gemm_mat cm;
     mat_of(out, nb, bshape, &cm);
-    bool tr;
-    int64_t ld;
+    bool tr = false;
+    int64_t ld = 1;
     if (!mat_layout(&cm, &tr, &ld) || tr)
         return ts_error(TS_ERR_SHAPE, "%s: out %s needs unit column stride (strides end %lld,%lld)", op,
                         ts_shape_str(out), (long long)cm.rs, (long long)cm.cs);
