@@ -213,7 +213,7 @@ static void test_errors(void **state) {
     ts_tensor *f = ts_tensor_zeros(TS_I64, SHAPE(8, 2));
     assert_null(ts_matmul(a, f));
     assert_non_null(strstr(ts_last_error(), "matmul: b has dtype i64"));
-    ts_tensor *s = ts_tensor_scalar(TS_F32, 1.0);
+    ts_tensor *s = ts_tensor_full(TS_F32, 0, (int64_t[]){1}, 1.0); /* 0-dim */
     assert_null(ts_matmul(s, a));
     assert_non_null(strstr(ts_last_error(), "at least 1 dim"));
     ts_tensor_release(a);
