@@ -381,8 +381,7 @@ ts_status ts_gradcheck(ts_gradcheck_fn fn, void *ctx, int n, ts_tensor *const *i
             return ts_last_status();
         if (inputs[i]->requires_grad && inputs[i]->grad_fn)
             return ts_error(TS_ERR_STATE, "gradcheck: input %d is not a leaf", i);
-        ts_tensor_release(inputs[i]->grad);
-        inputs[i]->grad = NULL;
+        ts_zero_grad(inputs[i]); /* keeps a preset .grad view (flat buffers) */
     }
     ts_tensor *y = fn(inputs, ctx);
     if (!y) return ts_last_status();

@@ -14,6 +14,7 @@ ts_model *ts_model_new(void) {
         return NULL;
     }
     m->training = true;
+    m->dtype = TS_F32;
     m->dropout_key = ts_key_from_seed(0);
     return m;
 }
@@ -78,45 +79,52 @@ int ts_model_add_param(ts_model *m, const char *name, int ndim, const int64_t *s
     return m->n_params++;
 }
 
-/* Fills a parameter view according to its init rule. */
+/* Fills a parameter view according to its init rule (drawn in f32, so an
+ * f64 model starts from the same values as its f32 twin). */
 static ts_status init_param(ts_param *p, ts_key key) {
-    float *dst = ts_f32(p->value);
+    float *v = malloc(sizeof(float) * (size_t)p->numel);
+    if (!v) return ts_error(TS_ERR_MEMORY, "model: out of memory initialising %s", p->name);
     switch (p->init.kind) {
     case TS_INIT_ZEROS:
-        memset(dst, 0, sizeof(float) * (size_t)p->numel);
+        for (int64_t i = 0; i < p->numel; i++) v[i] = 0.0f;
         break;
     case TS_INIT_ONES:
-        for (int64_t i = 0; i < p->numel; i++) dst[i] = 1.0f;
+        for (int64_t i = 0; i < p->numel; i++) v[i] = 1.0f;
         break;
     case TS_INIT_UNIFORM:
-        ts_rng_uniform_f32(key, 0, p->numel, dst);
-        for (int64_t i = 0; i < p->numel; i++) dst[i] = (float)((2.0 * dst[i] - 1.0) * p->init.a);
+        ts_rng_uniform_f32(key, 0, p->numel, v);
+        for (int64_t i = 0; i < p->numel; i++) v[i] = (float)((2.0 * v[i] - 1.0) * p->init.a);
         break;
     case TS_INIT_NORMAL:
-        ts_rng_normal_f32(key, 0, p->numel, dst);
-        for (int64_t i = 0; i < p->numel; i++) dst[i] = (float)(dst[i] * p->init.a);
+        ts_rng_normal_f32(key, 0, p->numel, v);
+        for (int64_t i = 0; i < p->numel; i++) v[i] = (float)(v[i] * p->init.a);
         break;
     }
+    for (int64_t i = 0; i < p->numel; i++) ts_tensor_set(p->value, i, v[i]);
+    free(v);
     return TS_OK;
 }
 
 ts_status ts_model_finalize(ts_model *m, ts_key key) {
     if (m->finalized) return ts_error(TS_ERR_STATE, "model: finalize called twice");
     int64_t n = m->numel ? m->numel : 1;
-    m->flat_params = ts_tensor_zeros(TS_F32, 1, &n);
-    m->flat_grads = ts_tensor_zeros(TS_F32, 1, &n);
+    if (m->dtype != TS_F32 && m->dtype != TS_F64)
+        return ts_error(TS_ERR_DTYPE, "model: flat buffers must be f32 or f64, not %s", ts_dtype_name(m->dtype));
+    m->flat_params = ts_tensor_zeros(m->dtype, 1, &n);
+    m->flat_grads = ts_tensor_zeros(m->dtype, 1, &n);
     if (!m->flat_params || !m->flat_grads) return ts_last_status();
     for (int i = 0; i < m->n_params; i++) {
         ts_param *p = &m->params[i];
-        p->value = ts_tensor_from_storage(m->flat_params->storage, TS_F32, p->offset, p->ndim, p->shape, NULL);
-        ts_tensor *g = ts_tensor_from_storage(m->flat_grads->storage, TS_F32, p->offset, p->ndim, p->shape, NULL);
+        p->value = ts_tensor_from_storage(m->flat_params->storage, m->dtype, p->offset, p->ndim, p->shape, NULL);
+        ts_tensor *g = ts_tensor_from_storage(m->flat_grads->storage, m->dtype, p->offset, p->ndim, p->shape, NULL);
         if (!p->value || !g) {
             ts_tensor_release(g);
             return ts_last_status();
         }
         p->value->requires_grad = true;
         p->value->grad = g;
-        init_param(p, ts_key_split(key, (uint64_t)i));
+        ts_status st = init_param(p, ts_key_split(key, (uint64_t)i));
+        if (st) return st;
     }
     m->finalized = true;
     return TS_OK;
@@ -132,7 +140,7 @@ int ts_model_find(const ts_model *m, const char *name) {
 }
 
 void ts_model_zero_grad(ts_model *m) {
-    if (m->flat_grads) memset(ts_f32(m->flat_grads), 0, sizeof(float) * (size_t)m->numel);
+    if (m->flat_grads) memset(ts_tensor_data(m->flat_grads), 0, ts_tensor_nbytes(m->flat_grads));
 }
 
 ts_status ts_model_alloc_state(ts_model *m, int k) {
@@ -166,7 +174,8 @@ ts_status ts_model_copy_params(ts_model *dst, const ts_model *src, int *n_copied
             if (d->numel != s->numel || d->ndim != s->ndim || memcmp(d->shape, s->shape, sizeof(int64_t) * (size_t)d->ndim))
                 return ts_error(TS_ERR_SHAPE, "model: parameter %s is %s here but %s in the source", d->name,
                                 ts_dims_str(d->ndim, d->shape), ts_dims_str(s->ndim, s->shape));
-            memcpy(ts_f32(d->value), ts_f32(s->value), sizeof(float) * (size_t)d->numel);
+            ts_status st = ts_tensor_copy_(d->value, s->value);
+            if (st) return st;
             copied++;
         }
     }
@@ -188,7 +197,7 @@ static void summary_row(ts_module *mod, void *vctx) {
     int depth = 0;
     for (const char *s = mod->name; *s; s++) depth += *s == '.';
     char label[160];
-    snprintf(label, sizeof label, "%*s%s (%s)", 2 * depth, "", mod->name[0] ? mod->name : "model", mod->ops->kind);
+    snprintf(label, sizeof label, "%*s%s%s(%s)", 2 * depth, "", mod->name, mod->name[0] ? " " : "", mod->ops->kind);
     fprintf(c->f, "%-48s %-22s %12lld\n", label, mod->out_ndim ? ts_dims_str(mod->out_ndim, mod->out_shape) : "-",
             (long long)count);
 }

@@ -42,8 +42,9 @@ typedef struct ts_model {
     ts_param *params;
     int n_params, cap_params;
     int64_t numel;
-    ts_tensor *flat_params; /* f32 [numel] */
-    ts_tensor *flat_grads;  /* f32 [numel] */
+    ts_dtype dtype;         /* of the flat buffers: f32, or f64 for gradcheck */
+    ts_tensor *flat_params; /* [numel] */
+    ts_tensor *flat_grads;  /* [numel] */
     float *state;           /* optimizer state, n_state * numel floats, or NULL */
     int n_state;
     bool finalized;
@@ -53,7 +54,8 @@ typedef struct ts_model {
     int n_modules;          /* modules created so far (their index) */
 } ts_model;
 
-/* An empty model in training mode. */
+/* An empty model in training mode with f32 buffers (set m->dtype = TS_F64
+ * before finalize for gradient checks). */
 ts_model *ts_model_new(void);
 
 /* Frees the model, its modules and its buffers. */

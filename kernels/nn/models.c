@@ -1,0 +1,145 @@
+/* models.c - MLP, CNN and GPT built unit by unit; splitting. */
+#include "kernels/nn/models.h"
+
+#include <stdlib.h>
+
+#include "kernels/nn/layers.h"
+#include "kernels/nn/module.h"
+
+int ts_model_units(const ts_model_spec *s) {
+    switch (s->arch) {
+    case TS_ARCH_MLP:
+        if (s->n_widths < 2 || s->n_widths > 16) {
+            ts_error(TS_ERR_VALUE, "mlp: %d widths given, need 2..16 (inputs, hidden..., outputs)", s->n_widths);
+            return -1;
+        }
+        for (int i = 0; i < s->n_widths; i++)
+            if (s->widths[i] <= 0) {
+                ts_error(TS_ERR_VALUE, "mlp: width %d is %lld", i, (long long)s->widths[i]);
+                return -1;
+            }
+        return 2 * (s->n_widths - 1) - 1; /* fc, relu pairs; no relu after the last */
+    case TS_ARCH_CNN:
+        if (s->in_ch <= 0 || s->img <= 0 || s->img % 4 || s->ch1 <= 0 || s->ch2 <= 0 || s->kernel <= 0 ||
+            s->kernel % 2 == 0 || s->classes <= 0) {
+            ts_error(TS_ERR_VALUE, "cnn: in_ch %lld, img %lld (multiple of 4), ch1 %lld, ch2 %lld, kernel %lld (odd), classes %lld",
+                     (long long)s->in_ch, (long long)s->img, (long long)s->ch1, (long long)s->ch2,
+                     (long long)s->kernel, (long long)s->classes);
+            return -1;
+        }
+        return 8;
+    case TS_ARCH_GPT:
+        if (ts_gpt_config_check(&s->gpt)) return -1;
+        return (int)s->gpt.n_layer + 2;
+    }
+    ts_error(TS_ERR_VALUE, "model: unknown architecture %d", (int)s->arch);
+    return -1;
+}
+
+/* Unit u of an MLP: fc<u/2> for even u, relu<u/2> for odd. */
+static ts_module *mlp_unit(ts_model *m, const ts_module *root, const ts_model_spec *s, int u) {
+    char name[32];
+    snprintf(name, sizeof name, "%s%d", u % 2 ? "relu" : "fc", u / 2);
+    if (u % 2) return ts_relu_new(m, root, name);
+    return ts_linear_new(m, root, name, s->widths[u / 2], s->widths[u / 2 + 1], true, NULL);
+}
+
+static ts_module *cnn_unit(ts_model *m, const ts_module *root, const ts_model_spec *s, int u) {
+    int64_t pad = s->kernel / 2, flat = s->ch2 * (s->img / 4) * (s->img / 4);
+    switch (u) {
+    case 0: return ts_conv2d_new(m, root, "conv1", s->in_ch, s->ch1, s->kernel, 1, pad);
+    case 1: return ts_relu_new(m, root, "relu1");
+    case 2: return ts_maxpool2d_new(m, root, "pool1", 2, 2);
+    case 3: return ts_conv2d_new(m, root, "conv2", s->ch1, s->ch2, s->kernel, 1, pad);
+    case 4: return ts_relu_new(m, root, "relu2");
+    case 5: return ts_maxpool2d_new(m, root, "pool2", 2, 2);
+    case 6: return ts_flatten_new(m, root, "flatten");
+    default: return ts_linear_new(m, root, "fc", flat, s->classes, true, NULL);
+    }
+}
+
+static ts_module *gpt_unit(ts_model *m, const ts_module *root, const ts_model_spec *s, int u) {
+    if (u == 0) return ts_gpt_embed_new(m, root, &s->gpt);
+    if (u == s->gpt.n_layer + 1) return ts_gpt_head_new(m, root, &s->gpt);
+    char name[32];
+    snprintf(name, sizeof name, "blocks.%d", u - 1);
+    ts_module *b = ts_block_new(m, root, name, &s->gpt);
+    if (b) b->checkpoint = s->checkpoint;
+    return b;
+}
+
+ts_model *ts_model_build(const ts_model_spec *s, int first, int end, ts_key key, ts_dtype dtype) {
+    int units = ts_model_units(s);
+    if (units < 0) return NULL;
+    if (end < 0) end = units;
+    if (first < 0 || first >= end || end > units) {
+        ts_error(TS_ERR_VALUE, "model: unit range [%d, %d) is not inside [0, %d)", first, end, units);
+        return NULL;
+    }
+    ts_model *m = ts_model_new();
+    if (!m) return NULL;
+    m->dtype = dtype;
+    m->root = ts_sequential_new(m, NULL, "");
+    ts_status st = m->root ? TS_OK : ts_last_status();
+    for (int u = first; !st && u < end; u++) {
+        ts_module *unit = s->arch == TS_ARCH_MLP ? mlp_unit(m, m->root, s, u)
+                          : s->arch == TS_ARCH_CNN ? cnn_unit(m, m->root, s, u)
+                                                   : gpt_unit(m, m->root, s, u);
+        st = ts_module_add_child(m->root, unit);
+    }
+    if (!st) st = ts_model_finalize(m, key);
+    if (st) {
+        ts_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+ts_status ts_model_split(const ts_model *whole, const ts_model_spec *s, int n, const int *boundaries,
+                         ts_model **parts) {
+    int units = ts_model_units(s);
+    if (units < 0) return ts_last_status();
+    if (whole->root->n_children != units)
+        return ts_error(TS_ERR_VALUE, "split: the model has %d units but its spec has %d", whole->root->n_children, units);
+    if (n < 1 || n > units)
+        return ts_error(TS_ERR_VALUE, "split: %d parts for a model of %d units", n, units);
+    for (int i = 0; i < n - 1; i++)
+        if (boundaries[i] <= (i ? boundaries[i - 1] : 0) || boundaries[i] >= units)
+            return ts_error(TS_ERR_VALUE, "split: boundary %d (= %d) must be increasing and inside (0, %d)", i,
+                            boundaries[i], units);
+    for (int i = 0; i < n; i++) parts[i] = NULL;
+    for (int i = 0; i < n; i++) {
+        int first = i ? boundaries[i - 1] : 0, end = i < n - 1 ? boundaries[i] : units;
+        parts[i] = ts_model_build(s, first, end, ts_key_from_seed(0), whole->dtype);
+        ts_status st = parts[i] ? ts_model_copy_params(parts[i], whole, NULL) : ts_last_status();
+        if (st) {
+            for (int j = 0; j <= i; j++) {
+                ts_model_free(parts[j]);
+                parts[j] = NULL;
+            }
+            return st;
+        }
+    }
+    return TS_OK;
+}
+
+int ts_model_input_shape(const ts_model_spec *s, int64_t b, int64_t *shape, ts_dtype *dtype) {
+    switch (s->arch) {
+    case TS_ARCH_MLP:
+        shape[0] = b;
+        shape[1] = s->widths[0];
+        *dtype = TS_F32;
+        return 2;
+    case TS_ARCH_CNN:
+        shape[0] = b;
+        shape[1] = s->in_ch;
+        shape[2] = shape[3] = s->img;
+        *dtype = TS_F32;
+        return 4;
+    default:
+        shape[0] = b;
+        shape[1] = s->gpt.block_size;
+        *dtype = TS_I64;
+        return 2;
+    }
+}

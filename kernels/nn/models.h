@@ -1,0 +1,46 @@
+/* models.h - whole models (MLP, CNN, GPT) from a spec, and splitting a
+ * model at unit boundaries.
+ *
+ * A model's root is a Sequential of units: MLP = fc0, relu0, fc1, ...;
+ * CNN = conv1, relu1, pool1, conv2, relu2, pool2, flatten, fc;
+ * GPT = embedding, blocks.0 .. blocks.<L-1>, head. ts_model_build() builds
+ * the units [first, end) only, with the same names as in the whole model, so
+ * a pipeline stage or any other part holds exactly its slice of the
+ * parameters in its own flat buffers.
+ */
+#ifndef TS_NN_MODELS_H
+#define TS_NN_MODELS_H
+
+#include "kernels/nn/model.h"
+#include "kernels/nn/transformer.h"
+
+typedef enum { TS_ARCH_MLP, TS_ARCH_CNN, TS_ARCH_GPT } ts_arch;
+
+typedef struct {
+    ts_arch arch;
+    /* MLP: widths[0] inputs, widths[n-1] outputs */
+    int n_widths;
+    int64_t widths[16];
+    /* CNN: in_ch x img x img images, two conv stages, classes outputs */
+    int64_t in_ch, img, ch1, ch2, kernel, classes;
+    /* GPT */
+    ts_gpt_config gpt;
+    bool checkpoint; /* activation checkpointing of GPT blocks */
+} ts_model_spec;
+
+/* Checks the spec and returns its number of units (or -1). */
+int ts_model_units(const ts_model_spec *s);
+
+/* Builds units [first, end) (end = -1: all) and finalizes with key. */
+ts_model *ts_model_build(const ts_model_spec *s, int first, int end, ts_key key, ts_dtype dtype);
+
+/* Splits whole into n parts at the given unit boundaries (n - 1 increasing
+ * unit indices strictly inside (0, units)); each part gets its own flat
+ * buffers holding whole's values. */
+ts_status ts_model_split(const ts_model *whole, const ts_model_spec *s, int n, const int *boundaries,
+                         ts_model **parts);
+
+/* The model's input shape for one batch of b samples (T tokens for GPT). */
+int ts_model_input_shape(const ts_model_spec *s, int64_t b, int64_t *shape, ts_dtype *dtype);
+
+#endif
