@@ -18,30 +18,37 @@ static ts_status reshape_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     return gin[0] ? TS_OK : ts_last_status();
 }
 
+/* Adds x's dim k to a chunk being merged: size-1 dims are free; every other
+ * dim must sit exactly `*next` elements apart from the chunk's previous
+ * non-1 dim. *inner gets the stride of the chunk's innermost non-1 dim. */
+static bool take_dim(const ts_tensor *x, int k, int64_t *n, int64_t *inner, int64_t *next) {
+    *n *= x->shape[k];
+    if (x->shape[k] == 1) return true;
+    if (*next >= 0 && x->strides[k] != *next) return false;
+    if (*next < 0) *inner = x->strides[k];
+    *next = x->strides[k] * x->shape[k];
+    return true;
+}
+
 /* Strides for viewing x as shape without a copy, if possible. Splits and
  * merges are allowed within runs of x's dims that are laid out contiguously
- * relative to each other. */
+ * relative to each other (size-1 dims never break a run). */
 static bool view_strides(const ts_tensor *x, int ndim, const int64_t *shape, int64_t *strides) {
     int xd = x->ndim - 1, od = ndim - 1;
     while (od >= 0 || xd >= 0) {
         /* take one chunk: a run of x dims and a run of out dims of equal numel */
-        int64_t xn = 1, on = 1;
-        int xs = xd, os = od;
-        if (xd >= 0) xn = x->shape[xd--];
+        int64_t xn = 1, on = 1, st = 1, next = -1;
+        int os = od;
+        if (xd >= 0 && !take_dim(x, xd--, &xn, &st, &next)) return false;
         if (od >= 0) on = shape[od--];
         while (xn != on) {
             if (xn < on) {
-                if (xd < 0) return false;
-                if (x->strides[xd] != x->strides[xd + 1] * x->shape[xd + 1] && x->shape[xd + 1] != 1 &&
-                    x->shape[xd] != 1)
-                    return false;
-                xn *= x->shape[xd--];
+                if (xd < 0 || !take_dim(x, xd--, &xn, &st, &next)) return false;
             } else {
                 if (od < 0) return false;
                 on *= shape[od--];
             }
         }
-        int64_t st = xs >= 0 ? x->strides[xs] : 1;
         for (int d = os; d > od; d--) {
             strides[d] = st;
             st *= shape[d];
