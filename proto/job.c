@@ -62,6 +62,7 @@ static const field parallel_fields[] = {
               600000),
     INT_FIELD("barrier_timeout_ms", parallel.barrier_timeout_ms, "30000", 1,
               86400000),
+    INT_FIELD("join_timeout_ms", parallel.join_timeout_ms, "60000", 1, 86400000),
     STRING_FIELD("bind", parallel.bind, "\"127.0.0.1\"", 1, NULL),
     STRING_FIELD("key_file", parallel.key_file, "\"\"", 0, NULL),
     {0},

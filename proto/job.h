@@ -37,6 +37,7 @@ typedef struct {
     int heartbeat_ms;
     int heartbeat_timeout_ms; /* silent longer -> declared dead */
     int barrier_timeout_ms;   /* barrier not reached by all -> error */
+    int join_timeout_ms;      /* a node waits this long to be admitted */
     char bind[TS_JOB_BIND_MAX];         /* host/interface to bind */
     char key_file[TS_JOB_PATH_MAX];     /* "" = tessera-run generates one */
 } ts_job_parallel;

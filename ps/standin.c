@@ -27,7 +27,8 @@ int ts_ps_standin_run(const char *address, const char *key_file,
                       const ts_job *job, int rank) {
     ts_member_options opt = {
         .scheduler = address, .job = job->name, .key_file = key_file,
-        .role = TS_ROLE_PS, .caps = "standin", .prev_rank = rank};
+        .role = TS_ROLE_PS, .caps = "standin", .prev_rank = rank,
+        .timeout_ms = job->parallel.join_timeout_ms};
     ts_member *m = NULL;
     if (ts_member_join(&opt, &m) != TS_OK) {
         fprintf(stderr, "join failed: %s\n", ts_last_error());

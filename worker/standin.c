@@ -78,9 +78,20 @@ int ts_worker_standin_run(const char *address, const char *key_file,
                           const ts_job *job, int rank) {
     ts_member_options opt = {
         .scheduler = address, .job = job->name, .key_file = key_file,
-        .role = TS_ROLE_WORKER, .caps = "standin", .prev_rank = rank};
+        .role = TS_ROLE_WORKER, .caps = "standin", .prev_rank = rank,
+        .timeout_ms = job->parallel.join_timeout_ms};
     ts_member *m = NULL;
-    if (ts_member_join(&opt, &m) != TS_OK) {
+    /* A restarted worker may ask before the scheduler has declared its old
+     * process dead (the job looks full): ask again until that must have
+     * happened. */
+    double give_up = now_ms() + 2.0 * job->parallel.heartbeat_timeout_ms + 1000;
+    ts_status st;
+    while ((st = ts_member_join(&opt, &m)) == TS_ERR_PEER && rank >= 0 &&
+           now_ms() < give_up) {
+        fprintf(stderr, "join refused (%s); asking again\n", ts_last_error());
+        sleep_ms(job->parallel.heartbeat_ms);
+    }
+    if (st != TS_OK) {
         fprintf(stderr, "join failed: %s\n", ts_last_error());
         return 1;
     }
@@ -111,7 +122,7 @@ int ts_worker_standin_run(const char *address, const char *key_file,
         double t0 = now_ms();
         double value = compute(seed, step, info.rank, buf, job->standin.size);
         ts_member_step_done(m, step);
-        ts_status st = ts_member_barrier(m, step, 0);
+        st = ts_member_barrier(m, step, 0);
         if (st != TS_OK) {
             if (ts_member_shutdown_requested(m, NULL, NULL, 0)) break;
             fprintf(stderr, "barrier %lld failed: %s\n", (long long)step, ts_last_error());

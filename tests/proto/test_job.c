@@ -35,6 +35,7 @@ static void test_defaults(void **state) {
     assert_int_equal(job.parallel.max_workers, 1);
     assert_string_equal(job.parallel.bind, "127.0.0.1");
     assert_string_equal(job.parallel.key_file, "");
+    assert_int_equal(job.parallel.join_timeout_ms, 60000);
     assert_int_equal(job.standin.size, 4096);
     assert_int_equal(job.standin.step_ms, 0);
 }

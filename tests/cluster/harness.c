@@ -1,0 +1,229 @@
+/* harness.c - process helpers for the cluster tests. */
+#include "harness.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static char tmp_dir[256];
+static pid_t started[64];
+static int nstarted;
+
+double th_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+const char *th_init(void) {
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/tessera-cluster-XXXXXX");
+    if (!mkdtemp(tmp_dir)) {
+        perror("mkdtemp");
+        exit(1);
+    }
+    return tmp_dir;
+}
+
+const char *th_path(const char *name) {
+    static char slots[64][4096];
+    static int next;
+    char *p = slots[next++ % 64];
+    snprintf(p, 4096, "%s/%s", tmp_dir, name);
+    return p;
+}
+
+const char *th_write(const char *name, const char *text) {
+    const char *path = th_path(name);
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
+        perror(path);
+        exit(1);
+    }
+    return path;
+}
+
+th_proc th_start(const char *tag, const char *const *argv) {
+    th_proc p;
+    memset(&p, 0, sizeof p);
+    p.status = -1;
+    char name[256];
+    snprintf(name, sizeof name, "%s.out", tag);
+    snprintf(p.out, sizeof p.out, "%s", th_path(name));
+    char prog[4096];
+    const char *bin = getenv("TESSERA_BIN_DIR");
+    if (strncmp(argv[0], "tessera-", 8) == 0 && bin)
+        snprintf(prog, sizeof prog, "%s/%s", bin, argv[0]);
+    else
+        snprintf(prog, sizeof prog, "%s", argv[0]);
+    fflush(NULL);
+    p.pid = fork();
+    if (p.pid == 0) {
+        setpgid(0, 0);
+        int fd = open(p.out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) _exit(126);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+        execvp(prog, (char *const *)argv);
+        dprintf(2, "exec %s failed\n", prog);
+        _exit(127);
+    }
+    if (nstarted < 64) started[nstarted++] = p.pid;
+    return p;
+}
+
+/* Exit code of a wait status: code, or 128 + signal. */
+static int decode(int ws) {
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+}
+
+int th_wait(th_proc *p, int timeout_ms) {
+    if (p->status >= 0) return p->status;
+    double end = th_now_ms() + timeout_ms;
+    int ws;
+    while (th_now_ms() < end) {
+        pid_t r = waitpid(p->pid, &ws, WNOHANG);
+        if (r == p->pid) return p->status = decode(ws);
+        sleep_ms(20);
+    }
+    fprintf(stderr, "harness: pid %d did not exit within %d ms; killing it\n",
+            (int)p->pid, timeout_ms);
+    kill(-p->pid, SIGKILL);
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, &ws, 0);
+    p->status = decode(ws);
+    return -1;
+}
+
+char *th_output(const th_proc *p) {
+    FILE *f = fopen(p->out, "rb");
+    if (!f) return strdup("");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    buf[got] = '\0';
+    fclose(f);
+    return buf;
+}
+
+int th_count(const th_proc *p, const char *needle) {
+    char *text = th_output(p);
+    int n = 0;
+    for (const char *s = text; (s = strstr(s, needle)); s += strlen(needle)) n++;
+    free(text);
+    return n;
+}
+
+int th_wait_count(const th_proc *p, const char *needle, int n, int timeout_ms) {
+    double end = th_now_ms() + timeout_ms;
+    do {
+        if (th_count(p, needle) >= n) return 0;
+        sleep_ms(20);
+    } while (th_now_ms() < end);
+    return -1;
+}
+
+int th_wait_for(const th_proc *p, const char *needle, int timeout_ms) {
+    return th_wait_count(p, needle, 1, timeout_ms);
+}
+
+/* Parent pid and command name of pid from /proc; 0 on success. */
+static int proc_info(pid_t pid, pid_t *ppid, char *comm, size_t cap) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *l = strchr(buf, '('), *r = strrchr(buf, ')');
+    if (!l || !r || r < l) return -1;
+    size_t len = (size_t)(r - l - 1) < cap - 1 ? (size_t)(r - l - 1) : cap - 1;
+    memcpy(comm, l + 1, len);
+    comm[len] = '\0';
+    char state;
+    int pp;
+    if (sscanf(r + 2, "%c %d", &state, &pp) != 2) return -1;
+    *ppid = pp;
+    return state == 'Z' ? 1 : 0;
+}
+
+/* Pids (sorted) of the children of parent, only those named comm if given. */
+static int scan_children(pid_t parent, pid_t *out, int cap, const char *comm) {
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        pid_t pid = (pid_t)atoi(e->d_name);
+        pid_t pp;
+        char c[64];
+        if (pid <= 0 || proc_info(pid, &pp, c, sizeof c) < 0 || pp != parent) continue;
+        if (comm && strncmp(c, comm, 15) != 0) continue; /* comm is 15 chars */
+        if (n < cap) out[n++] = pid;
+    }
+    if (d) closedir(d);
+    for (int i = 1; i < n; i++) /* by pid */
+        for (int j = i; j > 0 && out[j] < out[j - 1]; j--) {
+            pid_t t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
+    return n;
+}
+
+pid_t th_child(pid_t parent, const char *comm, int nth) {
+    pid_t kids[256];
+    int n = scan_children(parent, kids, 256, comm);
+    return nth < n ? kids[nth] : -1;
+}
+
+int th_leftovers(void) {
+    sleep_ms(500);
+    pid_t kids[256];
+    int n = scan_children(getpid(), kids, 256, NULL), left = 0;
+    for (int i = 0; i < n; i++) {
+        int ours = 0;
+        for (int j = 0; j < nstarted; j++) ours |= started[j] == kids[i];
+        if (ours) continue;
+        char c[64];
+        pid_t pp;
+        proc_info(kids[i], &pp, c, sizeof c);
+        fprintf(stderr, "harness: left behind: pid %d (%s)\n", (int)kids[i], c);
+        kill(kids[i], SIGKILL);
+        waitpid(kids[i], NULL, 0);
+        left++;
+    }
+    return left;
+}
+
+int th_read_line(const char *path, char *out, size_t cap, int timeout_ms) {
+    double end = th_now_ms() + timeout_ms;
+    do {
+        FILE *f = fopen(path, "r");
+        if (f) {
+            int ok = fgets(out, (int)cap, f) != NULL;
+            fclose(f);
+            if (ok) {
+                out[strcspn(out, "\n")] = '\0';
+                return 0;
+            }
+        }
+        sleep_ms(20);
+    } while (th_now_ms() < end);
+    return -1;
+}

@@ -1,0 +1,65 @@
+/* harness.h - real processes for the cluster tests.
+ *
+ * The test process makes itself a child subreaper, so any process that a
+ * launcher leaves behind is re-parented to the test and th_leftovers() sees
+ * it, alive or zombie. Processes started by th_start write stdout and stderr
+ * (merged) to a file in the test's temporary folder; the helpers poll that
+ * file for lines. Executables named without '/' come from TESSERA_BIN_DIR.
+ */
+#ifndef TS_TESTS_CLUSTER_HARNESS_H
+#define TS_TESTS_CLUSTER_HARNESS_H
+
+#include <sys/types.h>
+
+typedef struct {
+    pid_t pid;
+    char out[4096]; /* merged stdout + stderr */
+    int status;     /* th_wait result once waited, else -1 */
+} th_proc;
+
+/* Subreaper + a fresh temporary folder; returns the folder. */
+const char *th_init(void);
+
+/* Path of name inside the temporary folder (static buffer per call slot:
+ * up to 64 results live at once). */
+const char *th_path(const char *name);
+
+/* Writes text to the file name in the temporary folder; returns its path. */
+const char *th_write(const char *name, const char *text);
+
+/* Starts argv (NULL-terminated) with output to the file "<tag>.out". */
+th_proc th_start(const char *tag, const char *const *argv);
+
+/* Waits up to timeout_ms for p to exit: its status (exit code, or 128 +
+ * signal); on timeout kills its process group and returns -1. */
+int th_wait(th_proc *p, int timeout_ms);
+
+/* The output so far (malloc'd; free it). */
+char *th_output(const th_proc *p);
+
+/* Waits until p's output contains needle; 0 when it did within timeout_ms. */
+int th_wait_for(const th_proc *p, const char *needle, int timeout_ms);
+
+/* Waits until needle occurs at least n times in p's output; 0 when it did
+ * within timeout_ms. */
+int th_wait_count(const th_proc *p, const char *needle, int n, int timeout_ms);
+
+/* Times needle occurs in p's output. */
+int th_count(const th_proc *p, const char *needle);
+
+/* Pid of the nth (0-based, by pid order) live child of parent whose command
+ * name is comm (e.g. "tessera-worker"); -1 when there is none. */
+pid_t th_child(pid_t parent, const char *comm, int nth);
+
+/* Reaps every process re-parented to the test (not the th_proc ones) and
+ * returns how many there were, waiting up to 500 ms for stragglers. */
+int th_leftovers(void);
+
+/* Milliseconds on a monotonic clock. */
+double th_now_ms(void);
+
+/* Reads the first line of a file into out (cap bytes); 0 on success,
+ * waiting up to timeout_ms for it to appear. */
+int th_read_line(const char *path, char *out, size_t cap, int timeout_ms);
+
+#endif

@@ -1,0 +1,331 @@
+/* test_cluster.c - whole jobs of real processes on loopback.
+ *
+ * Each test starts tessera-run (or mpirun) on a small stand-in job with
+ * short timeouts (heartbeat 100 ms) and checks the output, the exit status
+ * and that no process is left behind. Run one test by name:
+ * cluster_test_cluster <name> (ctest registers one entry per test).
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "proto/secure.h"
+
+/* A stand-in job file; extra is spliced into "parallel" (may be ""). */
+static const char *job_file(const char *name, int steps, int workers, int servers,
+                            int step_ms, const char *extra) {
+    char text[2048], file[128];
+    snprintf(text, sizeof text,
+             "{\"name\": \"%s\", \"steps\": %d, \"seed\": 3,\n"
+             " \"parallel\": {\"strategy\": \"standin\", \"workers\": %d, "
+             "\"servers\": %d, \"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 1000, "
+             "\"barrier_timeout_ms\": 2000%s%s},\n"
+             " \"standin\": {\"size\": 1024, \"step_ms\": %d}}\n",
+             name, steps, workers, servers, extra[0] ? ", " : "", extra, step_ms);
+    snprintf(file, sizeof file, "%s.json", name);
+    return th_write(file, text);
+}
+
+/* Prints a process's output (for failed assertions) and fails. */
+static void dump(const th_proc *p, const char *why) {
+    char *text = th_output(p);
+    fprintf(stderr, "---- %s ----\n%s---- end ----\n", p->out, text);
+    free(text);
+    fail_msg("%s", why);
+}
+
+static void expect_output(const th_proc *p, const char *needle, int timeout_ms) {
+    if (th_wait_for(p, needle, timeout_ms) != 0) {
+        char why[512];
+        snprintf(why, sizeof why, "no \"%s\" in the output within %d ms", needle,
+                 timeout_ms);
+        dump(p, why);
+    }
+}
+
+/* Scheduler rank of launcher worker index i ("[worker i] joined rank=R"). */
+static int worker_rank(const th_proc *p, int i) {
+    char *text = th_output(p), needle[64];
+    snprintf(needle, sizeof needle, "[worker %d] joined rank=", i);
+    const char *s = strstr(text, needle);
+    int r = s ? atoi(s + strlen(needle)) : -1;
+    free(text);
+    return r;
+}
+
+/* Pid of launcher worker index i ("[run] worker i: pid P"), latest start. */
+static pid_t worker_pid(const th_proc *p, int i) {
+    char *text = th_output(p), needle[64];
+    snprintf(needle, sizeof needle, "[run] worker %d: pid ", i);
+    pid_t pid = -1;
+    for (const char *s = text; (s = strstr(s, needle)); s += strlen(needle))
+        pid = (pid_t)atoi(s + strlen(needle));
+    free(text);
+    return pid;
+}
+
+/* (a) 1 scheduler + 2 ps + 4 workers run and shut down cleanly. */
+static void test_clean_run(void **state) {
+    (void)state;
+    const char *job = job_file("clean", 20, 4, 2, 0, "");
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path("run-clean"), NULL};
+    th_proc run = th_start("clean", argv);
+    int rc = th_wait(&run, 30000);
+    if (rc != 0) dump(&run, "tessera-run did not exit 0");
+    for (int i = 0; i < 4; i++) {
+        char needle[64];
+        snprintf(needle, sizeof needle, "[worker %d] step 20 world 4", i);
+        expect_output(&run, needle, 0);
+        snprintf(needle, sizeof needle, "[worker %d] shutdown (code 0)", i);
+        expect_output(&run, needle, 0);
+    }
+    expect_output(&run, "[ps 0] shutdown (code 0)", 0);
+    expect_output(&run, "[ps 1] shutdown (code 0)", 0);
+    expect_output(&run, "[run] job clean completed", 0);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* (b1) kill -9 of a worker without restarts: declared dead within the
+ * timeout, a new generation without it, the others finish. */
+static void test_kill_worker(void **state) {
+    (void)state;
+    const char *job = job_file("kill", 60, 4, 1, 40, "\"min_workers\": 3");
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path("run-kill"), NULL};
+    th_proc run = th_start("kill", argv);
+    expect_output(&run, "[worker 2] step 3 ", 15000);
+    pid_t victim = worker_pid(&run, 2);
+    assert_true(victim > 0);
+    double t0 = th_now_ms();
+    kill(victim, SIGKILL);
+    expect_output(&run, "declared dead", 3000);
+    expect_output(&run, "world size 4 -> 3 workers", 3000);
+    double dt = th_now_ms() - t0;
+    assert_true(dt < 1000 + 1500); /* heartbeat timeout 1000 ms + slack */
+    int rc = th_wait(&run, 30000);
+    if (rc != 0) dump(&run, "tessera-run did not exit 0 after losing a worker");
+    expect_output(&run, "worker 2 exited with signal 9, restart budget 0 used up; "
+                        "the job goes on with 3 workers", 0);
+    expect_output(&run, "[worker 0] step 60 world 3", 0);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* (b2) kill -9 with max_restarts = 1: tessera-run restarts the worker and it
+ * rejoins with its old rank. */
+static void test_restart_worker(void **state) {
+    (void)state;
+    const char *job = job_file("restart", 80, 3, 0, 40, "\"max_restarts\": 1, "
+                               "\"min_workers\": 2, \"max_workers\": 3");
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path("run-restart"),
+                          NULL};
+    th_proc run = th_start("restart", argv);
+    expect_output(&run, "[worker 1] step 3 ", 15000);
+    int rank = worker_rank(&run, 1);
+    pid_t victim = worker_pid(&run, 1);
+    assert_true(rank >= 0 && victim > 0);
+    kill(victim, SIGKILL);
+    expect_output(&run, "[run] worker 1 exited with signal 9; restarting it "
+                        "(restart 1 of 1)", 5000);
+    char needle[64];
+    snprintf(needle, sizeof needle, "[worker 1] joined rank=%d ", rank);
+    if (th_wait_count(&run, needle, 2, 8000) != 0)
+        dump(&run, "restarted worker did not rejoin with its rank");
+    expect_output(&run, "its previous rank", 0);
+    int rc = th_wait(&run, 30000);
+    if (rc != 0) dump(&run, "tessera-run did not exit 0 after a restart");
+    assert_true(worker_pid(&run, 1) != victim);
+    expect_output(&run, "[worker 1] step 80 world 3", 0);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* (c) tessera-run --join adds a worker at a step boundary; the roster grows. */
+static void test_join(void **state) {
+    (void)state;
+    const char *job = job_file("join", 80, 2, 0, 40, "\"max_workers\": 3");
+    const char *run_dir = th_path("run-join");
+    const char *argv[] = {"tessera-run", job, "--run-dir", run_dir, NULL};
+    th_proc run = th_start("join", argv);
+    expect_output(&run, "[worker 0] step 3 ", 15000);
+    char addr[256], key[4200], addr_file[4200];
+    snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", run_dir);
+    snprintf(key, sizeof key, "%s/job.key", run_dir);
+    assert_int_equal(th_read_line(addr_file, addr, sizeof addr, 2000), 0);
+
+    const char *jargv[] = {"tessera-run", "--join", addr, "--key-file", key, job, NULL};
+    th_proc joiner = th_start("joiner", jargv);
+    expect_output(&joiner, "joined rank=", 8000);
+    char *text = th_output(&joiner);
+    const char *s = strstr(text, "start_step=");
+    long start = s ? strtol(s + 11, NULL, 10) : -1;
+    free(text);
+    assert_true(start >= 3); /* entered at a step boundary, not at step 0 */
+    expect_output(&joiner, "world=3", 0);
+    expect_output(&run, "world size 2 -> 3 workers", 5000);
+
+    const char *sargv[] = {"tessera-run", "--status", addr, "--key-file", key, NULL};
+    th_proc status = th_start("join-status", sargv);
+    assert_int_equal(th_wait(&status, 10000), 0);
+    char *st = th_output(&status);
+    int workers = 0;
+    for (const char *p = st; (p = strstr(p, "worker")); p += 6) workers++;
+    free(st);
+    if (workers < 3) dump(&status, "status roster does not list 3 workers");
+
+    assert_int_equal(th_wait(&joiner, 30000), 0);
+    expect_output(&joiner, "step 80 world 3", 0);
+    int rc = th_wait(&run, 30000);
+    if (rc != 0) dump(&run, "tessera-run did not exit 0 with a joined worker");
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* A key file with job_key's server lines and other_key's client lines. */
+static const char *forge_key(const char *job_key, const char *other_key) {
+    char text[2048] = "", line[512];
+    const char *srcs[2] = {job_key, other_key};
+    const char *want[2] = {"server-", "client-"};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(srcs[i], "r");
+        assert_non_null(f);
+        while (fgets(line, sizeof line, f))
+            if (strncmp(line, want[i], 7) == 0) strcat(text, line);
+        fclose(f);
+    }
+    const char *path = th_write("forged.key", text);
+    chmod(path, 0600);
+    return path;
+}
+
+/* (d) a client without the job key is refused; with it, it works. Also:
+ * SIGTERM to tessera-run stops the whole job, nothing left. */
+static void test_key_required(void **state) {
+    (void)state;
+    const char *job = job_file("key", 0, 1, 0, 20, "");
+    const char *run_dir = th_path("run-key");
+    const char *argv[] = {"tessera-run", job, "--run-dir", run_dir, NULL};
+    th_proc run = th_start("key", argv);
+    char addr[256], key[4200], addr_file[4200];
+    snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", run_dir);
+    snprintf(key, sizeof key, "%s/job.key", run_dir);
+    assert_int_equal(th_read_line(addr_file, addr, sizeof addr, 10000), 0);
+    expect_output(&run, "[worker 0] step 2 ", 10000);
+
+    const char *good[] = {"tessera-run", "--status", addr, "--key-file", key, NULL};
+    th_proc ok = th_start("status-good", good);
+    assert_int_equal(th_wait(&ok, 10000), 0);
+    expect_output(&ok, "running", 0);
+
+    const char *other = th_path("other.key");
+    assert_int_equal(ts_secure_keygen(other, NULL), TS_OK);
+    const char *bad[] = {"tessera-run", "--status", addr, "--key-file", other, NULL};
+    th_proc refused = th_start("status-bad", bad);
+    int rc = th_wait(&refused, 15000);
+    if (rc == 0) dump(&refused, "status with a foreign key succeeded");
+    /* knows the server's public key, not the job's client secret */
+    const char *forged = forge_key(key, other);
+    const char *fbad[] = {"tessera-run", "--status", addr, "--key-file", forged, NULL};
+    th_proc forged_status = th_start("status-forged", fbad);
+    rc = th_wait(&forged_status, 15000);
+    if (rc == 0) dump(&forged_status, "status with a forged client key succeeded");
+    const char *wbad[] = {"tessera-worker", "--scheduler", addr, "--key-file", forged,
+                          "--job", job, "--set", "parallel.join_timeout_ms=3000", NULL};
+    th_proc intruder = th_start("worker-bad", wbad);
+    th_wait(&intruder, 15000);
+    if (intruder.status == 0) dump(&intruder, "worker with a forged key joined");
+    expect_output(&intruder, "join failed", 0);
+    /* the job did not change: still one worker */
+    if (th_count(&run, "world size 1 -> 2") != 0) dump(&run, "intruder joined");
+
+    kill(run.pid, SIGTERM);
+    rc = th_wait(&run, 10000);
+    assert_int_equal(rc, 128 + SIGTERM);
+    expect_output(&run, "interrupted by SIGTERM", 0);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* (e) a barrier one worker never reaches (SIGSTOP): every other worker gets
+ * the error naming it within the timeout; tessera-run fails with it. */
+static void test_stopped_worker(void **state) {
+    (void)state;
+    /* heartbeat timeout well above the barrier timeout: the barrier fails
+     * first */
+    const char *job = job_file("stop", 200, 3, 0, 20, "\"heartbeat_timeout_ms\": 8000, "
+                               "\"barrier_timeout_ms\": 1500");
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path("run-stop"), NULL};
+    th_proc run = th_start("stop", argv);
+    expect_output(&run, "[worker 2] step 3 ", 15000);
+    int rank = worker_rank(&run, 2);
+    pid_t victim = worker_pid(&run, 2);
+    assert_true(rank >= 0 && victim > 0);
+    double t0 = th_now_ms();
+    kill(victim, SIGSTOP);
+    char needle[64];
+    snprintf(needle, sizeof needle, "rank %d", rank);
+    expect_output(&run, "[worker 0] barrier", 1500 + 2500);
+    expect_output(&run, "[worker 1] barrier", 1000);
+    assert_true(th_now_ms() - t0 < 1500 + 2500);
+    int rc = th_wait(&run, 15000);
+    assert_int_not_equal(rc, 0);
+    char *text = th_output(&run);
+    const char *last = strstr(text, "[run] job stop failed: ");
+    int names_it = last && strstr(last, needle) && strstr(last, "did not reach barrier");
+    free(text);
+    if (!names_it) dump(&run, "the failure reason does not name the stopped rank");
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* (f) the same small job under mpirun, SPMD and MPMD forms. */
+static void test_mpirun(void **state) {
+    (void)state;
+    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
+        fprintf(stderr, "mpirun not found: skipping the MPI test\n");
+        skip();
+    }
+    const char *job = job_file("mpi", 10, 2, 1, 0, "");
+    char run_bin[4200];
+    snprintf(run_bin, sizeof run_bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
+    const char *argv[] = {"mpirun", "-np", "4", "--oversubscribe", "--allow-run-as-root",
+                          run_bin, "--mpi", job, NULL};
+    th_proc spmd = th_start("mpi-spmd", argv);
+    int rc = th_wait(&spmd, 30000);
+    char *text = th_output(&spmd);
+    int no_mpi = strstr(text, "no MPI support") != NULL;
+    free(text);
+    if (no_mpi) {
+        fprintf(stderr, "tessera-run built without MPI: skipping the MPI test\n");
+        skip();
+    }
+    if (rc != 0) dump(&spmd, "mpirun -np 4 tessera-run --mpi did not exit 0");
+    assert_int_equal(th_count(&spmd, "step 10 world 2"), 2);
+    assert_int_equal(th_count(&spmd, "shutdown (code 0)"), 3); /* ps + 2 workers */
+
+    const char *mpmd[] = {"mpirun", "--oversubscribe", "--allow-run-as-root",
+                          "-np", "1", run_bin, "--mpi", "--role", "worker", job, ":",
+                          "-np", "1", run_bin, "--mpi", "--role", "scheduler", job, ":",
+                          "-np", "1", run_bin, "--mpi", "--role", "ps", job, ":",
+                          "-np", "1", run_bin, "--mpi", "--role", "worker", job, NULL};
+    th_proc m = th_start("mpi-mpmd", mpmd);
+    rc = th_wait(&m, 30000);
+    if (rc != 0) dump(&m, "MPMD mpirun did not exit 0");
+    assert_int_equal(th_count(&m, "step 10 world 2"), 2);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+int main(int argc, char **argv) {
+    th_init();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_clean_run),     cmocka_unit_test(test_kill_worker),
+        cmocka_unit_test(test_restart_worker), cmocka_unit_test(test_join),
+        cmocka_unit_test(test_key_required),  cmocka_unit_test(test_stopped_worker),
+        cmocka_unit_test(test_mpirun),
+    };
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
