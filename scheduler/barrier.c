@@ -5,6 +5,8 @@
  * arrives). It is released when every expected member still alive arrived.
  * At half the barrier timeout a warning names the missing ranks; at the
  * timeout every waiting rank gets an ERROR naming them and their last step.
+ * A member admitted after a barrier opened was not expected there; if it
+ * arrives once the barrier was released, it is released at once.
  */
 #include "scheduler/internal.h"
 
@@ -18,6 +20,7 @@ struct sched_barrier {
     ts_sched *s;
     ts_proto_role role;
     int64_t id;
+    uint64_t generation; /* when it opened */
     int32_t *ranks;
     bool *arrived;
     size_t n, cap;
@@ -112,6 +115,8 @@ static bool try_release(ts_sched *s, sched_barrier *b)
         }
     }
     ts_proto_msg_free(&m);
+    sched_released *r = &s->released[s->nreleased++ % SCHED_RELEASED_KEPT];
+    *r = (sched_released){b->role, b->id, b->generation};
     uint64_t ms = sched_now_ms() - b->started_ms;
     if (ms * 4 > (uint64_t)s->cfg.barrier_timeout_ms)
         ts_sched_log(TS_SCHED_INFO, "barrier %lld released %zu %ss after %llu ms",
@@ -160,6 +165,18 @@ void sched_on_barrier(ts_sched *s, sched_node *n, const ts_proto_msg *m)
     sched_barrier *b = s->barriers;
     while (b && !(b->role == n->role && b->id == m->barrier_id))
         b = b->next;
+    size_t kept = s->nreleased < SCHED_RELEASED_KEPT ? s->nreleased : SCHED_RELEASED_KEPT;
+    for (size_t i = 0; !b && i < kept; i++) {
+        const sched_released *r = &s->released[i];
+        if (r->role == n->role && r->id == m->barrier_id && r->generation < n->joined_generation) {
+            ts_proto_msg rel;
+            sched_msg_init(s, &rel, TS_MSG_BARRIER_RELEASE);
+            rel.barrier_id = m->barrier_id;
+            sched_send(s, &n->id, &rel, NULL, 0);
+            ts_proto_msg_free(&rel);
+            return;
+        }
+    }
     if (!b) {
         b = calloc(1, sizeof *b);
         if (!b) {
@@ -170,6 +187,7 @@ void sched_on_barrier(ts_sched *s, sched_node *n, const ts_proto_msg *m)
         b->s = s;
         b->role = n->role;
         b->id = m->barrier_id;
+        b->generation = s->generation;
         b->started_ms = sched_now_ms();
         for (size_t i = 0; i < s->nnodes; i++) {
             const sched_node *o = &s->nodes[i];

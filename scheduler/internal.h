@@ -38,6 +38,13 @@ typedef struct {
 } sched_node;
 
 typedef struct sched_barrier sched_barrier;
+/* A recently released barrier (for members admitted after it opened). */
+typedef struct {
+    ts_proto_role role;
+    int64_t id;
+    uint64_t generation; /* generation in which it opened */
+} sched_released;
+#define SCHED_RELEASED_KEPT 64
 typedef struct sched_blob sched_blob;
 typedef struct sched_blob_wait sched_blob_wait;
 
@@ -69,6 +76,8 @@ struct ts_sched {
     uint64_t started_ms;
 
     sched_barrier *barriers;
+    sched_released released[SCHED_RELEASED_KEPT];
+    size_t nreleased;
     sched_blob *blobs;
     size_t nblobs;
     sched_blob_wait *blob_waits;

@@ -160,6 +160,16 @@ static void *late_join_thread(void *p)
     return NULL;
 }
 
+static ts_member *b0_member;
+static ts_status b0_status;
+
+static void *barrier3_thread(void *p)
+{
+    (void)p;
+    b0_status = ts_member_barrier(b0_member, 3, 5000);
+    return NULL;
+}
+
 static void elastic_join_waits_for_step_boundary(void **state)
 {
     (void)state;
@@ -172,6 +182,9 @@ static void elastic_join_waits_for_step_boundary(void **state)
     assert_int_equal(ts_member_step_done(m[0], 1), TS_OK);
     assert_int_equal(ts_member_step_done(m[1], 1), TS_OK);
     assert_int_equal(ts_member_step_done(m[0], 2), TS_OK); /* m[1] still in step 2 */
+    pthread_t b0;
+    b0_member = m[0];
+    pthread_create(&b0, NULL, barrier3_thread, NULL);
     usleep(200000);
     late_join j = {&s, NULL, 0};
     pthread_t t;
@@ -189,6 +202,14 @@ static void elastic_join_waits_for_step_boundary(void **state)
     size_t n = 0;
     assert_int_equal(wait_generation(m[0], 1, 2000, &n, NULL), 2);
     assert_int_equal(n, 3);
+    /* barrier 3 opened (by m[0]) before the joiner came in: the old workers
+     * pass it, and the joiner's own barrier 3 is then released at once */
+    assert_int_equal(ts_member_barrier(m[1], 3, 3000), TS_OK);
+    pthread_join(b0, NULL);
+    assert_int_equal(b0_status, TS_OK);
+    long long tb = th_now_ms();
+    assert_int_equal(ts_member_barrier(j.m, 3, 3000), TS_OK);
+    assert_true(th_now_ms() - tb < 1000);
     ts_member_leave(j.m, NULL);
     ts_member_leave(m[0], NULL);
     ts_member_leave(m[1], NULL);
