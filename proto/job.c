@@ -19,6 +19,9 @@ typedef enum {
     FIELD_STRING,  /* char[size], optional allowed character set */
     FIELD_ENUM,    /* int index into choices (NULL-terminated) */
     FIELD_SECTION, /* JSON object described by children */
+    FIELD_REAL,    /* double, finite, bounded by [min, max] */
+    FIELD_BOOL,    /* int 0/1 from true/false */
+    FIELD_INTS,    /* ts_job_ints: array of integers in [min, max] */
 } field_kind;
 
 typedef struct field {
@@ -49,6 +52,12 @@ static const char name_charset[] =
 #define ENUM_FIELD(k, member, d, names) \
     {k, FIELD_ENUM, offsetof(ts_job, member), 0, d, 0, 0, NULL, names, NULL}
 #define SECTION(k, table) {k, FIELD_SECTION, 0, 0, NULL, 0, 0, NULL, NULL, table}
+#define REAL_FIELD(k, member, d, lo, hi) \
+    {k, FIELD_REAL, offsetof(ts_job, member), 0, d, lo, hi, NULL, NULL, NULL}
+#define BOOL_FIELD(k, member, d) \
+    {k, FIELD_BOOL, offsetof(ts_job, member), 0, d, 0, 1, NULL, NULL, NULL}
+#define INTS_FIELD(k, member, d, lo, hi) \
+    {k, FIELD_INTS, offsetof(ts_job, member), 0, d, lo, hi, NULL, NULL, NULL}
 
 static const field parallel_fields[] = {
     ENUM_FIELD("strategy", parallel.strategy, "\"local\"", strategy_names),
@@ -74,12 +83,81 @@ static const field standin_fields[] = {
     {0},
 };
 
+static const char *const arch_names[] = {"mlp", "cnn", "gpt", NULL};
+static const char *const data_names[] = {"fashion_mnist", "text", NULL};
+static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
+static const char *const schedule_names[] = {"constant", "step", "cosine", NULL};
+
+static const field model_fields[] = {
+    ENUM_FIELD("arch", model.arch, "\"mlp\"", arch_names),
+    INTS_FIELD("hidden", model.hidden, "[256, 128]", 1, 1 << 20),
+    INT_FIELD("ch1", model.ch1, "16", 1, 4096),
+    INT_FIELD("ch2", model.ch2, "32", 1, 4096),
+    INT_FIELD("kernel", model.kernel, "5", 1, 15),
+    INT_FIELD("n_layer", model.n_layer, "4", 1, 1024),
+    INT_FIELD("n_head", model.n_head, "4", 1, 1024),
+    INT_FIELD("n_embd", model.n_embd, "128", 1, 1 << 16),
+    INT_FIELD("block_size", model.block_size, "64", 1, 1 << 16),
+    REAL_FIELD("dropout", model.dropout, "0.0", 0, 1),
+    BOOL_FIELD("checkpoint", model.checkpoint, "false"),
+    {0},
+};
+
+static const field data_fields[] = {
+    ENUM_FIELD("kind", data.kind, "\"fashion_mnist\"", data_names),
+    STRING_FIELD("path", data.path, "\"\"", 0, NULL),
+    REAL_FIELD("val_fraction", data.val_fraction, "0.1", 0, 1),
+    BOOL_FIELD("shuffle", data.shuffle, "true"),
+    INT_FIELD("prefetch", data.prefetch, "2", 0, 64),
+    {0},
+};
+
+static const field optimizer_fields[] = {
+    ENUM_FIELD("kind", optimizer.kind, "\"adamw\"", optim_names),
+    REAL_FIELD("lr", optimizer.lr, "0.001", 0, 100),
+    REAL_FIELD("weight_decay", optimizer.weight_decay, "0.0", 0, 100),
+    REAL_FIELD("momentum", optimizer.momentum, "0.0", 0, 1),
+    REAL_FIELD("beta1", optimizer.beta1, "0.9", 0, 1),
+    REAL_FIELD("beta2", optimizer.beta2, "0.999", 0, 1),
+    REAL_FIELD("eps", optimizer.eps, "1e-8", 0, 1),
+    BOOL_FIELD("nesterov", optimizer.nesterov, "false"),
+    REAL_FIELD("clip_norm", optimizer.clip_norm, "0.0", 0, 1000000),
+    {0},
+};
+
+static const field schedule_fields[] = {
+    ENUM_FIELD("kind", schedule.kind, "\"constant\"", schedule_names),
+    INT64_FIELD("warmup_steps", schedule.warmup_steps, "0", 0, INT64_MAX),
+    INT64_FIELD("step_size", schedule.step_size, "1000", 1, INT64_MAX),
+    REAL_FIELD("gamma", schedule.gamma, "0.1", 0, 1000),
+    REAL_FIELD("min_lr", schedule.min_lr, "0.0", 0, 100),
+    {0},
+};
+
+static const field train_fields[] = {
+    INT64_FIELD("batch_size", train.batch_size, "64", 1, 1 << 20),
+    INT64_FIELD("epochs", train.epochs, "0", 0, 100000),
+    INT64_FIELD("eval_every", train.eval_every, "0", 0, INT64_MAX),
+    INT64_FIELD("eval_batches", train.eval_batches, "0", 0, INT64_MAX),
+    INT64_FIELD("checkpoint_every", train.checkpoint_every, "0", 0, INT64_MAX),
+    INT_FIELD("keep_checkpoints", train.keep_checkpoints, "3", 1, 1000),
+    INT_FIELD("accum_steps", train.accum_steps, "1", 1, 1024),
+    INT64_FIELD("log_every", train.log_every, "1", 1, INT64_MAX),
+    STRING_FIELD("run_dir", train.run_dir, "\"\"", 0, NULL),
+    {0},
+};
+
 static const field job_fields[] = {
     STRING_FIELD("name", name, "\"job\"", 1, name_charset),
     INT64_FIELD("seed", seed, "0", 0, INT64_MAX),
     INT64_FIELD("steps", steps, "10", 0, INT64_MAX),
     SECTION("parallel", parallel_fields),
     SECTION("standin", standin_fields),
+    SECTION("model", model_fields),
+    SECTION("data", data_fields),
+    SECTION("optimizer", optimizer_fields),
+    SECTION("schedule", schedule_fields),
+    SECTION("train", train_fields),
     {0},
 };
 
@@ -173,6 +251,47 @@ static ts_status store_leaf(const field *f, const json_t *v, const char *path,
         return ts_error(TS_ERR_VALUE, "%s: \"%s\" is not one of: %s", path, s,
                         known);
     }
+    case FIELD_REAL: {
+        if (!json_is_number(v))
+            return ts_error(TS_ERR_FORMAT, "%s: expected number, got %s", path,
+                            type_name(v));
+        double x = json_number_value(v);
+        if (!(x >= (double)f->min && x <= (double)f->max))
+            return ts_error(TS_ERR_VALUE, "%s: %g out of range [%lld, %lld]",
+                            path, x, f->min, f->max);
+        *(double *)dst = x;
+        return TS_OK;
+    }
+    case FIELD_BOOL:
+        if (!json_is_boolean(v))
+            return ts_error(TS_ERR_FORMAT, "%s: expected boolean, got %s", path,
+                            type_name(v));
+        *(int *)dst = json_is_true(v);
+        return TS_OK;
+    case FIELD_INTS: {
+        ts_job_ints *out = (ts_job_ints *)dst;
+        size_t cap = sizeof out->v / sizeof out->v[0];
+        if (!json_is_array(v))
+            return ts_error(TS_ERR_FORMAT, "%s: expected array, got %s", path,
+                            type_name(v));
+        if (json_array_size(v) > cap)
+            return ts_error(TS_ERR_VALUE, "%s: %zu entries, limit %zu", path,
+                            json_array_size(v), cap);
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) {
+            if (!json_is_integer(e))
+                return ts_error(TS_ERR_FORMAT, "%s[%zu]: expected integer, got %s",
+                                path, i, type_name(e));
+            json_int_t x = json_integer_value(e);
+            if (x < f->min || x > f->max)
+                return ts_error(TS_ERR_VALUE, "%s[%zu]: %lld out of range [%lld, %lld]",
+                                path, i, (long long)x, f->min, f->max);
+            out->v[i] = (int64_t)x;
+        }
+        out->n = (int)json_array_size(v);
+        return TS_OK;
+    }
     case FIELD_SECTION: break;
     }
     return ts_error(TS_ERR_STATE, "%s: not a leaf field", path);
@@ -237,6 +356,19 @@ static ts_status finish_job(ts_job *job) {
         return ts_error(TS_ERR_VALUE,
                         "parallel.max_workers: %d is below parallel.workers (%d)",
                         p->max_workers, p->workers);
+    if (job->model.dropout >= 1)
+        return ts_error(TS_ERR_VALUE, "model.dropout: %g must be below 1",
+                        job->model.dropout);
+    if (job->optimizer.beta1 >= 1 || job->optimizer.beta2 >= 1)
+        return ts_error(TS_ERR_VALUE, "optimizer.beta%d: must be below 1",
+                        job->optimizer.beta1 >= 1 ? 1 : 2);
+    if (job->model.n_embd % job->model.n_head)
+        return ts_error(TS_ERR_VALUE,
+                        "model.n_embd: %d is not divisible by model.n_head (%d)",
+                        job->model.n_embd, job->model.n_head);
+    if (job->data.val_fraction >= 1)
+        return ts_error(TS_ERR_VALUE, "data.val_fraction: %g must be below 1",
+                        job->data.val_fraction);
     if (p->heartbeat_timeout_ms <= p->heartbeat_ms)
         return ts_error(TS_ERR_VALUE,
                         "parallel.heartbeat_timeout_ms: %d must exceed "
@@ -343,6 +475,15 @@ static json_t *section_to_json(const field *table, const ts_job *job) {
         case FIELD_STRING: v = json_string(src); break;
         case FIELD_ENUM: v = json_string(f->choices[*(const int *)src]); break;
         case FIELD_SECTION: v = section_to_json(f->children, job); break;
+        case FIELD_REAL: v = json_real(*(const double *)src); break;
+        case FIELD_BOOL: v = json_boolean(*(const int *)src); break;
+        case FIELD_INTS: {
+            const ts_job_ints *l = (const ts_job_ints *)src;
+            v = json_array();
+            for (int i = 0; v && i < l->n; i++)
+                json_array_append_new(v, json_integer(l->v[i]));
+            break;
+        }
         }
         if (!v || json_object_set_new(obj, f->key, v) != 0) {
             json_decref(obj);

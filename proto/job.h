@@ -48,12 +48,76 @@ typedef struct {
     int step_ms; /* shortest step: the worker sleeps the rest of it */
 } ts_job_standin;
 
+/* A list of up to 8 integers (e.g. MLP hidden widths). */
+typedef struct {
+    int n;
+    int64_t v[8];
+} ts_job_ints;
+
+/* The model to train. */
+typedef enum { TS_JOB_MLP, TS_JOB_CNN, TS_JOB_GPT } ts_job_arch;
+
+typedef struct {
+    ts_job_arch arch;
+    ts_job_ints hidden;   /* mlp hidden widths */
+    int ch1, ch2, kernel; /* cnn */
+    int n_layer, n_head, n_embd, block_size; /* gpt */
+    double dropout;
+    int checkpoint;       /* activation checkpointing of GPT blocks */
+} ts_job_model;
+
+/* Where the samples come from. */
+typedef enum { TS_JOB_FASHION_MNIST, TS_JOB_TEXT } ts_job_data_kind;
+
+typedef struct {
+    ts_job_data_kind kind;
+    char path[TS_JOB_PATH_MAX]; /* "" = the Debian package's location */
+    double val_fraction;        /* held out of the training part */
+    int shuffle;
+    int prefetch;               /* batches prepared ahead by a thread */
+} ts_job_data;
+
+typedef enum { TS_JOB_SGD, TS_JOB_ADAM, TS_JOB_ADAMW } ts_job_optim_kind;
+
+typedef struct {
+    ts_job_optim_kind kind;
+    double lr, weight_decay, momentum, beta1, beta2, eps;
+    int nesterov;
+    double clip_norm; /* 0 = no clipping */
+} ts_job_optimizer;
+
+typedef enum { TS_JOB_CONSTANT, TS_JOB_STEP, TS_JOB_COSINE } ts_job_schedule_kind;
+
+typedef struct {
+    ts_job_schedule_kind kind;
+    int64_t warmup_steps, step_size;
+    double gamma, min_lr;
+} ts_job_schedule;
+
+/* The training loop. */
+typedef struct {
+    int64_t batch_size;       /* per worker */
+    int64_t epochs;           /* > 0: overrides steps with epochs' worth */
+    int64_t eval_every;       /* steps between validation passes; 0 = at the end */
+    int64_t eval_batches;     /* validation batches per pass; 0 = all */
+    int64_t checkpoint_every; /* steps between checkpoints; 0 = at the end */
+    int keep_checkpoints;
+    int accum_steps;          /* micro-batches per optimizer step */
+    int64_t log_every;
+    char run_dir[TS_JOB_PATH_MAX]; /* "" = runs/<name> */
+} ts_job_train;
+
 typedef struct {
     char name[TS_JOB_NAME_MAX]; /* job id on the wire; [A-Za-z0-9._-] */
     int64_t seed;
     int64_t steps;
     ts_job_parallel parallel;
     ts_job_standin standin;
+    ts_job_model model;
+    ts_job_data data;
+    ts_job_optimizer optimizer;
+    ts_job_schedule schedule;
+    ts_job_train train;
 } ts_job;
 
 /* Reads the job file at path, applies the nsets overrides ("a.b=value") in
