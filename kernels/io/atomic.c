@@ -1,0 +1,101 @@
+/* atomic.c - temp file + fsync + rename, folder fsync, tree removal. */
+#include "kernels/io/atomic.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void atomic_free(ts_io_atomic *a) {
+    free(a->path);
+    free(a->tmp);
+    a->path = a->tmp = NULL;
+    a->f = NULL;
+}
+
+ts_status ts_io_atomic_open(ts_io_atomic *a, const char *path) {
+    memset(a, 0, sizeof *a);
+    size_t n = strlen(path);
+    a->path = strdup(path);
+    a->tmp = malloc(n + 12);
+    if (!a->path || !a->tmp) {
+        atomic_free(a);
+        return ts_error(TS_ERR_MEMORY, "atomic write %s: out of memory", path);
+    }
+    snprintf(a->tmp, n + 12, "%s.tmp-XXXXXX", path);
+    int fd = mkstemp(a->tmp);
+    if (fd < 0) {
+        ts_status s = ts_error(TS_ERR_IO, "atomic write %s: cannot create temp file: %s", path, strerror(errno));
+        atomic_free(a);
+        return s;
+    }
+    a->f = fdopen(fd, "wb");
+    if (!a->f) {
+        ts_status s = ts_error(TS_ERR_IO, "atomic write %s: fdopen: %s", path, strerror(errno));
+        close(fd);
+        unlink(a->tmp);
+        atomic_free(a);
+        return s;
+    }
+    return TS_OK;
+}
+
+ts_status ts_io_close_synced(FILE *f, const char *path) {
+    int err = 0;
+    if (fflush(f) != 0 || ferror(f)) err = errno ? errno : EIO;
+    if (!err && fsync(fileno(f)) != 0) err = errno;
+    if (fclose(f) != 0 && !err) err = errno;
+    if (err) return ts_error(TS_ERR_IO, "write %s: %s", path, strerror(err));
+    return TS_OK;
+}
+
+ts_status ts_io_atomic_commit(ts_io_atomic *a) {
+    ts_status s = ts_io_close_synced(a->f, a->tmp);
+    a->f = NULL;
+    if (!s && rename(a->tmp, a->path) != 0)
+        s = ts_error(TS_ERR_IO, "atomic write %s: rename from %s: %s", a->path, a->tmp, strerror(errno));
+    if (s) unlink(a->tmp);
+    else s = ts_io_fsync_parent(a->path);
+    atomic_free(a);
+    return s;
+}
+
+void ts_io_atomic_abort(ts_io_atomic *a) {
+    if (a->f) fclose(a->f);
+    if (a->tmp) unlink(a->tmp);
+    atomic_free(a);
+}
+
+ts_status ts_io_fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return ts_error(TS_ERR_IO, "fsync folder %s: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    int err = errno;
+    close(fd);
+    if (rc != 0) return ts_error(TS_ERR_IO, "fsync folder %s: %s", dir, strerror(err));
+    return TS_OK;
+}
+
+ts_status ts_io_fsync_parent(const char *path) {
+    char *copy = strdup(path);
+    if (!copy) return ts_error(TS_ERR_MEMORY, "fsync parent of %s: out of memory", path);
+    ts_status s = ts_io_fsync_dir(dirname(copy));
+    free(copy);
+    return s;
+}
+
+static int remove_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(p);
+}
+
+ts_status ts_io_remove_tree(const char *dir) {
+    if (nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return ts_error(TS_ERR_IO, "remove folder %s: %s", dir, strerror(errno));
+    return TS_OK;
+}

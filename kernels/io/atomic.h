@@ -1,0 +1,40 @@
+/* atomic.h - crash-safe file writing for checkpoints and weights files.
+ *
+ * ts_io_atomic_open creates a temp file next to the final path; the caller
+ * writes through the FILE*, then ts_io_atomic_commit flushes, fsyncs,
+ * renames the temp file onto the final name and fsyncs the folder, so a
+ * reader sees either the old file or the complete new one, never a part.
+ * ts_io_atomic_abort removes the temp file. Helpers for fsyncing a folder
+ * and removing a folder tree live here too.
+ */
+#ifndef TS_IO_ATOMIC_H
+#define TS_IO_ATOMIC_H
+
+#include <stdio.h>
+
+#include "kernels/status.h"
+
+typedef struct {
+    FILE *f;
+    char *path; /* final path */
+    char *tmp;  /* temp path in the same folder */
+} ts_io_atomic;
+
+/* Opens a temp file "<path>.tmp-XXXXXX" for writing. */
+ts_status ts_io_atomic_open(ts_io_atomic *a, const char *path);
+/* Flushes, fsyncs, closes, renames onto the final path, fsyncs the folder.
+ * On failure the temp file is removed. Frees a's fields either way. */
+ts_status ts_io_atomic_commit(ts_io_atomic *a);
+/* Closes and removes the temp file; frees a's fields. */
+void ts_io_atomic_abort(ts_io_atomic *a);
+
+/* Flushes, fsyncs and closes f (a plain file written in place). */
+ts_status ts_io_close_synced(FILE *f, const char *path);
+/* fsyncs the folder dir (so renames and creations inside it are durable). */
+ts_status ts_io_fsync_dir(const char *dir);
+/* fsyncs the folder that contains path. */
+ts_status ts_io_fsync_parent(const char *path);
+/* Removes dir and everything under it (symlinks are removed, not followed). */
+ts_status ts_io_remove_tree(const char *dir);
+
+#endif
