@@ -119,8 +119,9 @@ ts_tensor *ts_tensor_from_storage(ts_storage *s, ts_dtype dt, int64_t offset, in
         return NULL;
     }
     t->ndim = ndim;
-    memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
-    if (strides)
+    if (ndim > 0) /* 0-dim tensors may pass shape NULL */
+        memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    if (strides && ndim > 0)
         memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
     else
         ts_contiguous_strides(ndim, shape, t->strides);
