@@ -8,6 +8,12 @@
 #include "kernels/autograd.h"
 #include "kernels/ops/view.h"
 
+/* `omp simd` is a hint: sanitizer and -O1 builds of clang cannot always
+ * vectorize and would otherwise turn that into an error under -Werror. */
+#ifdef __clang__
+#pragma clang diagnostic ignored "-Wpass-failed"
+#endif
+
 /* ---- shared helpers ---- */
 
 ts_tensor *ts_float_input(const char *op, const char *arg, ts_tensor *x) {

@@ -80,7 +80,7 @@ ts_tensor *ts_map_apply(const ts_map_op *op, ts_tensor *x, double p);
         T *ys = yv;                                                                                 \
         const T p = (T)pd;                                                                          \
         (void)p;                                                                                    \
-        _Pragma("omp parallel for simd if (n > 32768)") for (int64_t i = 0; i < n; i++) {           \
+        _Pragma("omp parallel for if (n > 32768)") for (int64_t i = 0; i < n; i++) {                \
             const T x = xs[i];                                                                      \
             ys[i] = FWD(T, x, p);                                                                   \
         }                                                                                           \
@@ -91,7 +91,7 @@ ts_tensor *ts_map_apply(const ts_map_op *op, ts_tensor *x, double p);
         T *os = ov;                                                                                 \
         const T p = (T)pd;                                                                          \
         (void)p;                                                                                    \
-        _Pragma("omp parallel for simd if (n > 32768)") for (int64_t i = 0; i < n; i++) {           \
+        _Pragma("omp parallel for if (n > 32768)") for (int64_t i = 0; i < n; i++) {                \
             const T g = gs[i], x = xs[i], y = ys[i];                                                \
             (void)x;                                                                                \
             (void)y;                                                                                \
