@@ -19,10 +19,9 @@ enum { STARTUP_TIMEOUT_MS = 20000, STOP_GRACE_MS = 2000, DRAIN_MS = 3000 };
 
 typedef enum { PHASE_STARTING, PHASE_RUNNING, PHASE_DONE, PHASE_FAILED } phase;
 
-/* One place in the job: the scheduler, ps i or worker i, across restarts. */
+/* One place in the job (the scheduler, a ps, a worker) across restarts. */
 typedef struct {
     ts_proto_role role;
-    int index;        /* ps i / worker i as launched */
     int rank;         /* rank the scheduler assigned, -1 unknown */
     ts_child *child;  /* current process, NULL when none */
     int finished;     /* exited with status 0 */
@@ -102,7 +101,7 @@ static void spawn_node(cluster *cl, slot *sl) {
     ts_child *c = NULL;
     if (ts_argv_ok(&a)) {
         const char *prog = sl->role == TS_ROLE_PS ? "tessera-ps" : "tessera-worker";
-        c = ts_super_spawn(&cl->super, sl->role, sl->index, prog, a.v);
+        c = ts_super_spawn(&cl->super, sl->role, sl->rank, prog, a.v);
     } else {
         ts_error(TS_ERR_MEMORY, "tessera-run: out of memory");
     }
@@ -110,8 +109,9 @@ static void spawn_node(cluster *cl, slot *sl) {
     sl->child = c;
     if (c) {
         c->user = sl;
-        fprintf(stderr, "[run] %s %d: pid %d\n", ts_proto_role_name(sl->role),
-                sl->index, c->proc.pid);
+        if (sl->rank >= 0)
+            fprintf(stderr, "[run] %s %d: restarted as pid %d\n",
+                    ts_proto_role_name(sl->role), sl->rank, c->proc.pid);
     } else {
         fail(cl, 1, "%s", ts_last_error());
     }
@@ -156,7 +156,11 @@ static int on_line(ts_child *c, const char *line) {
             scheduler_ready(cl, line + 10);
     } else if (sl) {
         int rank;
-        if (sscanf(line, "joined rank=%d", &rank) == 1) sl->rank = rank;
+        if (sscanf(line, "joined rank=%d", &rank) == 1 && rank >= 0) {
+            c->rank = sl->rank = rank;
+            fprintf(stderr, "[run] %s rank %d is pid %d\n", ts_proto_role_name(c->role),
+                    rank, c->proc.pid);
+        }
     }
     return 1;
 }
@@ -321,7 +325,7 @@ static ts_status start_scheduler(cluster *cl) {
         ts_argv_free(&a);
         return ts_error(TS_ERR_MEMORY, "tessera-run: out of memory");
     }
-    ts_child *c = ts_super_spawn(&cl->super, TS_ROLE_SCHEDULER, 0,
+    ts_child *c = ts_super_spawn(&cl->super, TS_ROLE_SCHEDULER, -1,
                                  "tessera-scheduler", a.v);
     ts_argv_free(&a);
     if (!c) return ts_last_status();
@@ -344,10 +348,9 @@ int ts_cluster_run(const ts_cluster_opts *o) {
     cl->o = o;
     cl->ps = slots;
     cl->workers = slots + p->servers;
-    cl->sched = (slot){TS_ROLE_SCHEDULER, 0, -1, NULL, 0};
-    for (int i = 0; i < p->servers; i++) cl->ps[i] = (slot){TS_ROLE_PS, i, -1, NULL, 0};
-    for (int i = 0; i < p->workers; i++)
-        cl->workers[i] = (slot){TS_ROLE_WORKER, i, -1, NULL, 0};
+    cl->sched = (slot){TS_ROLE_SCHEDULER, -1, NULL, 0};
+    for (int i = 0; i < p->servers; i++) cl->ps[i] = (slot){TS_ROLE_PS, -1, NULL, 0};
+    for (int i = 0; i < p->workers; i++) cl->workers[i] = (slot){TS_ROLE_WORKER, -1, NULL, 0};
 
     int code = 1;
     ts_status st = prepare(cl);

@@ -9,12 +9,13 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-/* "worker 2" or "scheduler" into out. */
-static void child_name(const ts_child *c, char *out, size_t cap) {
+void ts_super_name(const ts_child *c, char *out, size_t cap) {
     if (c->role == TS_ROLE_SCHEDULER)
         snprintf(out, cap, "scheduler");
-    else
+    else if (c->rank >= 0)
         snprintf(out, cap, "%s %d", ts_proto_role_name(c->role), c->rank);
+    else
+        snprintf(out, cap, "%s pid %d", ts_proto_role_name(c->role), c->proc.pid);
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -26,8 +27,9 @@ static void kill_survivors(uv_timer_t *t) {
     ts_super *s = t->data;
     for (ts_child *c = s->children; c; c = c->next) {
         if (c->running) {
-            fprintf(stderr, "[run] %s %d did not stop in time; killing it\n",
-                    ts_proto_role_name(c->role), c->rank);
+            char name[64];
+            ts_super_name(c, name, sizeof name);
+            fprintf(stderr, "[run] %s did not stop in time; killing it\n", name);
             ts_super_signal(c, SIGKILL);
         }
     }
@@ -97,7 +99,7 @@ static void child_line(ts_child_stream *st, const char *line) {
         if (s->on_line && !s->on_line(c, line)) return;
     }
     char name[64];
-    child_name(c, name, sizeof name);
+    ts_super_name(c, name, sizeof name);
     fprintf(st->out, "[%s] %s\n", name, line);
     fflush(st->out);
     if (s->log) {
@@ -197,8 +199,8 @@ ts_child *ts_super_spawn(ts_super *s, ts_proto_role role, int rank, const char *
     int rc = uv_spawn(s->loop, &c->proc, &opt);
     free(argv);
     if (rc != 0) {
-        ts_error(TS_ERR_IO, "tessera-run: cannot start %s %d (%s): %s",
-                 ts_proto_role_name(role), rank, path, uv_strerror(rc));
+        ts_error(TS_ERR_IO, "tessera-run: cannot start a %s (%s): %s",
+                 ts_proto_role_name(role), path, uv_strerror(rc));
         c->proc.pid = 0; /* no on_done for a child that never ran */
         c->handles_open = 3;
         c->next = s->children;
@@ -249,7 +251,7 @@ void ts_super_close(ts_super *s) {
 
 void ts_super_describe_exit(const ts_child *c, char *out, size_t cap) {
     char who[64];
-    child_name(c, who, sizeof who);
+    ts_super_name(c, who, sizeof who);
     if (c->term_signal)
         snprintf(out, cap, "%s exited with signal %d", who, c->term_signal);
     else

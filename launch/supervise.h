@@ -40,7 +40,9 @@ typedef struct {
 struct ts_child {
     ts_super *super;
     ts_proto_role role;
-    int rank;             /* launcher index: worker i, ps i; 0 for scheduler */
+    int rank;             /* job rank shown in prefixes; -1 unknown (the
+                             prefix then shows the pid); the owner sets it
+                             once the child has learnt its rank */
     uv_process_t proc;
     ts_child_stream out, err;
     int running;          /* spawned and not yet exited */
@@ -87,7 +89,7 @@ ts_status ts_super_paths(char *exe, char *dir, size_t cap);
 ts_status ts_super_init(ts_super *s, uv_loop_t *loop);
 
 /* Starts bin_dir/<prog> with args (NULL-terminated, without argv[0]) as the
- * child (role, rank). Returns the child or NULL (message set). */
+ * child (role, rank); rank -1 when not known yet. Returns the child or NULL (message set). */
 ts_child *ts_super_spawn(ts_super *s, ts_proto_role role, int rank, const char *prog,
                          char *const *args);
 
@@ -105,6 +107,10 @@ void ts_super_stop(ts_super *s, unsigned grace_ms);
 /* Closes the signal handlers and timer so the loop can end once every child
  * is done. */
 void ts_super_close(ts_super *s);
+
+/* The child as people read it: "worker 2", "worker pid 1234" (rank not
+ * known), "scheduler". */
+void ts_super_name(const ts_child *c, char *out, size_t cap);
 
 /* Reason text of a done child: "worker 2 exited with signal 9" or
  * "... with status 1"; out gets at most cap bytes. */

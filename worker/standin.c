@@ -122,6 +122,8 @@ int ts_worker_standin_run(const char *address, const char *key_file,
         double t0 = now_ms();
         double value = compute(seed, step, info.rank, buf, job->standin.size);
         ts_member_step_done(m, step);
+        printf("step %lld world %d value %.4f compute_ms %.2f\n", (long long)step,
+               world, value, now_ms() - t0);
         st = ts_member_barrier(m, step, 0);
         if (st != TS_OK) {
             if (ts_member_shutdown_requested(m, NULL, NULL, 0)) break;
@@ -131,8 +133,6 @@ int ts_worker_standin_run(const char *address, const char *key_file,
             return 1;
         }
         sleep_ms(job->standin.step_ms - (now_ms() - t0));
-        printf("step %lld world %d value %.4f step_ms %.1f\n", (long long)step, world,
-               value, now_ms() - t0);
     }
     free(buf);
     return await_shutdown(m, &world, wait_ms);
