@@ -1,0 +1,272 @@
+/* kernels.c - Tessera vs PyTorch on the issue-2 kernels, in one run.
+ *
+ * Cases: matmul [4096x768]·[768x3072] forward and its two backward GEMMs
+ * (dA = dC·Bᵀ, dB = Aᵀ·dC, on transposed views as backward passes them),
+ * layernorm [8,256,768] forward+backward, causal attention [8,8,256,64]
+ * forward+backward; each at 1 and 2 threads (ts_threads_set, the
+ * TESSERA_NUM_THREADS knob; torch.set_num_threads plus OpenBLAS's count).
+ * The PyTorch side is bench/kernels_torch.py, run by /usr/bin/python3 as a
+ * server: each repetition runs Tessera then PyTorch, so load on a shared
+ * machine hits both alike. Times are medians of the repetitions after
+ * warm-up; the ratio is Tessera / PyTorch (< 1: Tessera faster).
+ *
+ * usage: bench_kernels [--reps N] [--warmup N] [--threads 1,2] [--cases matmul,layernorm,attention]
+ */
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/autograd.h"
+#include "kernels/ops/attention.h"
+#include "kernels/ops/matmul.h"
+#include "kernels/ops/norm.h"
+#include "kernels/ops/view.h"
+#include "kernels/tensor.h"
+#include "kernels/threads.h"
+
+#define SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
+#define MAX_REPS 64
+
+static void die(const char *what) {
+    fprintf(stderr, "bench_kernels: %s: %s\n", what, ts_last_error());
+    exit(1);
+}
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *t, int n) {
+    qsort(t, (size_t)n, sizeof t[0], cmp_double);
+    return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+}
+
+/* ---- the PyTorch server ---- */
+
+static FILE *py_in, *py_out;
+static pid_t py_pid;
+
+static void torch_start(void) {
+    int to[2], from[2];
+    if (pipe(to) || pipe(from)) {
+        perror("bench_kernels: pipe");
+        exit(1);
+    }
+    py_pid = fork();
+    if (py_pid < 0) {
+        perror("bench_kernels: fork");
+        exit(1);
+    }
+    if (py_pid == 0) {
+        dup2(to[0], 0);
+        dup2(from[1], 1);
+        close(to[1]);
+        close(from[0]);
+        execl("/usr/bin/python3", "python3", TESSERA_SOURCE_DIR "/bench/kernels_torch.py", (char *)NULL);
+        perror("bench_kernels: exec /usr/bin/python3");
+        _exit(127);
+    }
+    close(to[0]);
+    close(from[1]);
+    py_in = fdopen(to[1], "w");
+    py_out = fdopen(from[0], "r");
+}
+
+/* Sends one request and returns the reply line (static buffer). */
+static const char *torch_ask(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static const char *torch_ask(const char *fmt, ...) {
+    static char line[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(py_in, fmt, ap);
+    va_end(ap);
+    fputc('\n', py_in);
+    fflush(py_in);
+    if (!fgets(line, sizeof line, py_out) || !strncmp(line, "error", 5)) {
+        fprintf(stderr, "bench_kernels: the PyTorch side failed (is torch importable by /usr/bin/python3?)\n");
+        exit(1);
+    }
+    line[strcspn(line, "\n")] = 0;
+    return line;
+}
+
+static void torch_stop(void) {
+    fclose(py_in);
+    fclose(py_out);
+    waitpid(py_pid, NULL, 0);
+}
+
+/* ---- cases ---- */
+
+/* A case: its tensors and one run (returns 0 on success). */
+typedef struct bench_case bench_case;
+struct bench_case {
+    const char *name;
+    int rep_scale; /* cheap cases run more repetitions */
+    ts_tensor *t[5];
+    int (*run)(bench_case *c);
+};
+
+static ts_tensor *randn(uint64_t seed, int nd, const int64_t *shape, bool grad) {
+    ts_tensor *t = ts_tensor_randn(ts_key_from_seed(seed), TS_F32, nd, shape);
+    if (!t || (grad && ts_set_requires_grad(t, true))) die("randn");
+    return t;
+}
+
+/* t[0]·t[1] (views, as backward passes them) */
+static int run_matmul(bench_case *c) {
+    ts_tensor *y = ts_matmul(c->t[0], c->t[1]);
+    ts_tensor_release(y);
+    return y == NULL;
+}
+
+/* backward of y with gradient t[3]; the leaves t[0..2] start without grads */
+static int backward_of(bench_case *c, ts_tensor *y) {
+    int rc = !y || ts_backward(y, c->t[3]) != TS_OK;
+    ts_tensor_release(y);
+    return rc;
+}
+
+static void drop_grads(bench_case *c) {
+    for (int i = 0; i < 3; i++) {
+        ts_tensor_release(c->t[i]->grad);
+        c->t[i]->grad = NULL;
+    }
+}
+
+static int run_layernorm(bench_case *c) {
+    drop_grads(c);
+    return backward_of(c, ts_layernorm(c->t[0], c->t[1], c->t[2], 1e-5));
+}
+
+static int run_attention(bench_case *c) {
+    drop_grads(c);
+    return backward_of(c, ts_attention(c->t[0], c->t[1], c->t[2], true, 0.0));
+}
+
+/* Makes the tensors of case c. */
+static void setup(bench_case *c) {
+    if (!strncmp(c->name, "matmul", 6)) {
+        ts_tensor *a = randn(1, SHAPE(4096, 768), false), *b = randn(2, SHAPE(768, 3072), false);
+        ts_tensor *dc = randn(3, SHAPE(4096, 3072), false);
+        if (!strcmp(c->name, "matmul_fwd")) {
+            c->t[0] = ts_tensor_retain(a);
+            c->t[1] = ts_tensor_retain(b);
+        } else if (!strcmp(c->name, "matmul_bwd_dA")) {
+            c->t[0] = ts_tensor_retain(dc);
+            c->t[1] = ts_transpose(b, 0, 1);
+        } else {
+            c->t[0] = ts_transpose(a, 0, 1);
+            c->t[1] = ts_tensor_retain(dc);
+        }
+        ts_tensor_release(a);
+        ts_tensor_release(b);
+        ts_tensor_release(dc);
+        if (!c->t[0] || !c->t[1]) die(c->name);
+    } else if (!strcmp(c->name, "layernorm_fwd_bwd")) {
+        c->t[0] = randn(4, SHAPE(8, 256, 768), true);
+        c->t[1] = randn(5, SHAPE(768), true);
+        c->t[2] = randn(6, SHAPE(768), true);
+        c->t[3] = randn(7, SHAPE(8, 256, 768), false);
+    } else {
+        for (int i = 0; i < 3; i++) c->t[i] = randn(8 + (uint64_t)i, SHAPE(8, 8, 256, 64), true);
+        c->t[3] = randn(11, SHAPE(8, 8, 256, 64), false);
+    }
+}
+
+static void teardown(bench_case *c) {
+    for (int i = 0; i < 5; i++) {
+        ts_tensor_release(c->t[i]);
+        c->t[i] = NULL;
+    }
+}
+
+static bench_case cases[] = {
+    {"matmul_fwd", 1, {0}, run_matmul},
+    {"matmul_bwd_dA", 1, {0}, run_matmul},
+    {"matmul_bwd_dB", 1, {0}, run_matmul},
+    {"layernorm_fwd_bwd", 4, {0}, run_layernorm},
+    {"attention_fwd_bwd", 2, {0}, run_attention},
+};
+
+int main(int argc, char **argv) {
+    int reps = 7, warmup = 2;
+    const char *threads = "1,2", *want = "matmul,layernorm,attention";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = argv[++i];
+        else if (!strcmp(argv[i], "--cases") && i + 1 < argc) want = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--reps N] [--warmup N] [--threads 1,2] [--cases matmul,layernorm,attention]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > MAX_REPS / 4 || warmup < 0) {
+        fprintf(stderr, "bench_kernels: --reps must be 1..%d and --warmup >= 0\n", MAX_REPS / 4);
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    torch_start();
+    printf("%-20s %7s %12s %12s %8s %8s  %s\n", "case", "threads", "tessera ms", "torch ms", "ratio", "target",
+           "torch reference");
+    fflush(stdout);
+    int missed = 0;
+    char list[64];
+    snprintf(list, sizeof list, "%s", threads);
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        int nt = atoi(tok);
+        if (nt < 1) {
+            fprintf(stderr, "bench_kernels: bad thread count '%s'\n", tok);
+            return 2;
+        }
+        ts_threads_set(nt);
+        char blas[64];
+        snprintf(blas, sizeof blas, "%s", torch_ask("threads %d", nt));
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            bench_case *c = &cases[ci];
+            char family[16];
+            snprintf(family, sizeof family, "%.*s", (int)strcspn(c->name, "_"), c->name);
+            if (!strstr(want, family)) continue;
+            setup(c);
+            for (int i = 0; i < warmup; i++)
+                if (c->run(c)) die(c->name);
+            char note[128];
+            snprintf(note, sizeof note, "%s", torch_ask("warm %s %d", c->name, warmup) + 3);
+            int n = reps * c->rep_scale;
+            double ts[MAX_REPS], th[MAX_REPS];
+            for (int r = 0; r < n; r++) { /* interleaved: Tessera, then PyTorch */
+                double t0 = now_ms();
+                if (c->run(c)) die(c->name);
+                ts[r] = now_ms() - t0;
+                th[r] = atof(torch_ask("time %s", c->name));
+            }
+            teardown(c);
+            double mt = median(ts, n), mh = median(th, n), ratio = mt / mh;
+            double target = strcmp(family, "matmul") ? 1.0 : 1.05;
+            bool ok = ratio <= target;
+            missed += !ok;
+            printf("%-20s %7d %12.2f %12.2f %8.3f %7s%s  %s (torch %s, blas threads %s)\n", c->name, nt, mt, mh,
+                   ratio, target > 1 ? "<=1.05" : "<=1.00", ok ? " " : "!", note, tok, blas + 3);
+            fflush(stdout);
+        }
+    }
+    torch_stop();
+    printf("(ratio = tessera / torch; medians of %d reps (x4 layernorm, x2 attention) after %d warm-up, "
+           "interleaved; ! = target missed: %d)\n",
+           reps, warmup, missed);
+    return 0;
+}
