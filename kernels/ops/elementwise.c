@@ -45,11 +45,15 @@ static ts_tensor *grad_in_dtype(ts_tensor *g, ts_dtype dt) {
 
 /* ---- binary ops: plan + kernels ---- */
 
-typedef enum { BIN_SAME, BIN_A_SCALAR, BIN_B_SCALAR, BIN_A_ROW, BIN_B_ROW, BIN_STRIDED } bin_kind;
+typedef enum { BIN_SAME, BIN_A_SCALAR, BIN_B_SCALAR, BIN_A_ROW, BIN_B_ROW, BIN_STRIDED, BIN_TILED } bin_kind;
+
+#define TILE 32 /* BIN_TILED: square tiles of the last two dims, for operands read across their rows */
 
 /* How one binary kernel call walks its operands. a and b point at the first
  * element of each view; `period` is the length of the repeated row operand;
- * the strides (broadcast to the output shape) serve BIN_STRIDED. */
+ * the strides (broadcast to the output shape) serve BIN_STRIDED, which
+ * walks rows, and BIN_TILED, which walks tiles so that an operand whose last
+ * dim is not its fastest (a transposed view) is still read cache-friendly. */
 typedef struct {
     bin_kind kind;
     const void *a, *b;
@@ -119,6 +123,24 @@ typedef struct {
                 }                                                                                        \
             }                                                                                            \
         } break;                                                                                         \
+        case BIN_TILED: {                                                                                \
+            const int nd = pl->nd;                                                                       \
+            const int64_t R = pl->shape[nd - 2], L = pl->shape[nd - 1], ra = pl->sa[nd - 2],             \
+                          rb = pl->sb[nd - 2], la = pl->sa[nd - 1], lb = pl->sb[nd - 1];                 \
+            const int64_t tr = (R + TILE - 1) / TILE, tc = (L + TILE - 1) / TILE, nt = n / (R * L) * tr * tc; \
+            _Pragma("omp parallel for if (n > 32768)") for (int64_t t = 0; t < nt; t++) {                \
+                const int64_t p = t / (tr * tc), r0 = (t / tc) % tr * TILE, c0 = t % tc * TILE;          \
+                const int64_t r1 = r0 + TILE < R ? r0 + TILE : R, c1 = c0 + TILE < L ? c0 + TILE : L;    \
+                const T *Ap = A + ts_row_offset(nd - 1, pl->shape, pl->sa, p);                           \
+                const T *Bp = B + ts_row_offset(nd - 1, pl->shape, pl->sb, p);                           \
+                T *Op = O + p * R * L;                                                                   \
+                for (int64_t r = r0; r < r1; r++)                                                        \
+                    for (int64_t j = c0; j < c1; j++) {                                                  \
+                        const T x = Ap[r * ra + j * la], y = Bp[r * rb + j * lb];                        \
+                        Op[r * L + j] = EXPR;                                                            \
+                    }                                                                                    \
+            }                                                                                            \
+        } break;                                                                                         \
         }                                                                                                \
     }
 #define BIN_KERNEL(name, EXPR) BIN_KERNEL_T(name, float, f32, EXPR) BIN_KERNEL_T(name, double, f64, EXPR)
@@ -167,11 +189,12 @@ static void plan_binary(bin_plan *pl, const ts_tensor *a, const ts_tensor *b, ts
     else if (fa && is_row(b, nd, shape)) pl->kind = BIN_B_ROW, pl->period = ts_tensor_numel(b);
     else if (fb && is_row(a, nd, shape)) pl->kind = BIN_A_ROW, pl->period = ts_tensor_numel(a);
     else {
-        pl->kind = BIN_STRIDED;
         pl->nd = nd;
         memcpy(pl->shape, shape, sizeof(int64_t) * (size_t)nd);
         ts_broadcast_strides(a, nd, shape, pl->sa);
         ts_broadcast_strides(b, nd, shape, pl->sb);
+        bool across = nd >= 2 && ((pl->sa[nd - 1] != 0 && pl->sa[nd - 1] != 1) || (pl->sb[nd - 1] != 0 && pl->sb[nd - 1] != 1));
+        pl->kind = across ? BIN_TILED : BIN_STRIDED;
     }
 }
 

@@ -73,13 +73,17 @@ static void test_binary_paths(void **state) {
                   *brow = rnd(t, 9, SHAPE(257)), *empty = rnd(t, 10, SHAPE(0, 7));
         ts_tensor *mbase = rnd(t, 11, SHAPE(7, 5)), *mt = ts_transpose(mbase, 0, 1); /* [5,7] strided */
         ts_tensor_release(mbase);
+        /* transposed operands spanning several tiles, 2-d and batched 3-d */
+        ts_tensor *tb = rnd(t, 12, SHAPE(45, 70)), *tt = ts_transpose(tb, 0, 1), *tc = rnd(t, 13, SHAPE(70, 45));
+        ts_tensor *pb = rnd(t, 14, SHAPE(3, 33, 40)), *pt = ts_transpose(pb, 1, 2), *pr = rnd(t, 15, SHAPE(33));
         ts_tensor *pairs[][2] = {{m, m2},   {m, sc},    {sc, m},  {m, row},   {row, m},   {m, row1},
                                  {col, m},  {cube, col}, {mt, m}, {mt, row},  {col, row}, {sc, sc},
-                                 {big, big}, {big, brow}, {brow, big}, {big, sc}, {empty, row}};
+                                 {big, big}, {big, brow}, {brow, big}, {big, sc}, {empty, row},
+                                 {tt, tc},  {tc, tt},    {tt, tt}, {pt, pr},  {pr, pt}};
         for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++)
             for (int k = 0; k < 4; k++) check_binary(fns[k], ops[k], pairs[p][0], pairs[p][1], tol);
-        ts_tensor *all[] = {m, m2, row, row1, sc, col, cube, big, brow, empty, mt};
-        release_all(11, all);
+        ts_tensor *all[] = {m, m2, row, row1, sc, col, cube, big, brow, empty, mt, tb, tt, tc, pb, pt, pr};
+        release_all(17, all);
     }
 }
 
