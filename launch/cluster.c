@@ -15,7 +15,12 @@
 #include "launch/supervise.h"
 #include "proto/secure.h"
 
-enum { STARTUP_TIMEOUT_MS = 20000, STOP_GRACE_MS = 2000, DRAIN_MS = 3000 };
+enum {
+    STARTUP_TIMEOUT_MS = 20000, /* scheduler must report its endpoint */
+    STOP_GRACE_MS = 2000,       /* SIGTERM -> SIGKILL */
+    DRAIN_MS = 3000,            /* job ended: the rest may exit by themselves */
+    SETTLE_MS = 500,            /* a node failed: the others may report first */
+};
 
 typedef enum { PHASE_STARTING, PHASE_RUNNING, PHASE_DONE, PHASE_FAILED } phase;
 
@@ -76,20 +81,45 @@ void ts_cluster_node_args(ts_argv *a, const char *addr, const char *key_file,
     }
 }
 
-/* Ends the job as failed (first reason wins) and stops every child. */
-static void fail(cluster *cl, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void fail(cluster *cl, int code, const char *fmt, ...) {
+static void drain_expired(uv_timer_t *t);
+
+/* Ends the job as failed (first reason wins) and stops every child, after
+ * settle_ms (so that the other nodes can report what they saw) or now. */
+static void failv(cluster *cl, int code, unsigned settle_ms, const char *fmt,
+                  va_list ap) {
     if (cl->phase == PHASE_FAILED) return;
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(cl->reason, sizeof cl->reason, fmt, ap);
-    va_end(ap);
     cl->phase = PHASE_FAILED;
     cl->exit_code = code;
     fprintf(stderr, "[run] job %s failed: %s; stopping every process\n",
             cl->o->job.name, cl->reason);
-    ts_super_stop(&cl->super, STOP_GRACE_MS);
+    if (settle_ms == 0) {
+        ts_super_stop(&cl->super, STOP_GRACE_MS);
+    } else {
+        uv_timer_stop(&cl->drain_timer);
+        uv_timer_start(&cl->drain_timer, drain_expired, settle_ms, 0);
+    }
+}
+
+/* Fails the job and stops everything now. */
+static void fail(cluster *cl, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail(cluster *cl, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    failv(cl, code, 0, fmt, ap);
+    va_end(ap);
+}
+
+/* Fails the job because a node failed: the others get SETTLE_MS to finish
+ * reporting (a barrier error reaches every waiting rank at once). */
+static void fail_node(cluster *cl, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void fail_node(cluster *cl, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    failv(cl, 1, SETTLE_MS, fmt, ap);
+    va_end(ap);
 }
 
 /* Starts (or restarts) the ps or worker of slot sl. */
@@ -179,6 +209,8 @@ static void drain_expired(uv_timer_t *t) {
     if (cl->phase == PHASE_RUNNING) {
         fail(cl, 1, "every node finished but the scheduler did not exit within %d ms",
              DRAIN_MS);
+    } else if (cl->phase == PHASE_FAILED) {
+        ts_super_stop(&cl->super, STOP_GRACE_MS);
     } else if (ts_super_live(&cl->super) > 0) {
         fprintf(stderr, "[run] warning: stopping the processes still running "
                         "%d ms after the job ended\n", DRAIN_MS);
@@ -232,10 +264,10 @@ static void on_done(ts_child *c) {
                     "%d workers (min_workers %d)\n",
                     what, p->max_restarts, workers_running(cl), p->min_workers);
         } else if (sl->role == TS_ROLE_WORKER) {
-            fail(cl, 1, "%s, restart budget %d used up%s", what, p->max_restarts,
-                 reason);
+            fail_node(cl, "%s, restart budget %d used up%s", what, p->max_restarts,
+                      reason);
         } else {
-            fail(cl, 1, "%s%s", what, reason);
+            fail_node(cl, "%s%s", what, reason);
         }
     }
     /* the scheduler ended the job, or every node finished: give the rest
@@ -331,6 +363,7 @@ static ts_status start_scheduler(cluster *cl) {
     if (!c) return ts_last_status();
     c->user = &cl->sched;
     cl->sched.child = c;
+    fprintf(stderr, "[run] scheduler is pid %d\n", c->proc.pid);
     uv_timer_start(&cl->startup_timer, startup_expired, STARTUP_TIMEOUT_MS, 0);
     return TS_OK;
 }

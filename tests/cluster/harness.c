@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,19 @@ const char *th_init(void) {
         exit(1);
     }
     return tmp_dir;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag,
+                        struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+void th_finish(int keep) {
+    if (keep)
+        fprintf(stderr, "harness: outputs kept in %s\n", tmp_dir);
+    else
+        nftw(tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 const char *th_path(const char *name) {

@@ -20,6 +20,9 @@ typedef struct {
 /* Subreaper + a fresh temporary folder; returns the folder. */
 const char *th_init(void);
 
+/* Removes the temporary folder when keep is 0 (kept for a failed run). */
+void th_finish(int keep);
+
 /* Path of name inside the temporary folder (static buffer per call slot:
  * up to 64 results live at once). */
 const char *th_path(const char *name);

@@ -258,6 +258,44 @@ static void test_key_required(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* True when pid is gone or a zombie. */
+static int dead(pid_t pid) {
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *r = strrchr(buf, ')');
+    return r && r[1] == ' ' && r[2] == 'Z';
+}
+
+/* tessera-run killed -9: its children die with it (parent death signal). */
+static void test_launcher_killed(void **state) {
+    (void)state;
+    const char *job = job_file("killed", 0, 2, 1, 20, "");
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path("run-killed"), NULL};
+    th_proc run = th_start("killed", argv);
+    expect_output(&run, "] step 2 ", 15000);
+    char *text = th_output(&run);
+    pid_t pids[8];
+    int n = 0;
+    for (const char *s = text; n < 8 && (s = strstr(s, " pid ")); s += 5)
+        pids[n++] = (pid_t)atoi(s + 5);
+    free(text);
+    assert_int_equal(n, 4); /* scheduler, 1 ps, 2 workers */
+    kill(run.pid, SIGKILL);
+    assert_int_equal(th_wait(&run, 5000), 128 + SIGKILL);
+    double t0 = th_now_ms();
+    for (int i = 0; i < n; i++) {
+        while (!dead(pids[i]) && th_now_ms() - t0 < 3000) usleep(20000);
+        if (!dead(pids[i])) fail_msg("pid %d outlived tessera-run", (int)pids[i]);
+    }
+    /* they were re-parented to the test (subreaper) and are reaped here */
+    assert_int_equal(th_leftovers(), n);
+}
+
 /* (e) a barrier one worker never reaches (SIGSTOP): every other worker gets
  * the error naming it within the timeout; tessera-run fails with it. */
 static void test_stopped_worker(void **state) {
@@ -333,9 +371,12 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clean_run),     cmocka_unit_test(test_kill_worker),
         cmocka_unit_test(test_restart_worker), cmocka_unit_test(test_join),
-        cmocka_unit_test(test_key_required),  cmocka_unit_test(test_stopped_worker),
+        cmocka_unit_test(test_key_required),  cmocka_unit_test(test_launcher_killed),
+        cmocka_unit_test(test_stopped_worker),
         cmocka_unit_test(test_mpirun),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    th_finish(failed);
+    return failed;
 }

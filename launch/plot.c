@@ -1,0 +1,70 @@
+/* plot.c - metrics.jsonl -> metrics.png with gnuplot (Debian gnuplot-nox). */
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/status.h"
+#include "launch/train.h"
+
+/* Splits metrics.jsonl into step.dat (step loss) and eval.dat (step loss
+ * accuracy) for the validation split; returns how many eval rows. */
+static int write_data(const char *run_dir, FILE *steps, FILE *evals) {
+    char path[1200], line[4096];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    int n_eval = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        if (!j) continue;
+        const char *kind = json_string_value(json_object_get(j, "kind"));
+        const char *split = json_string_value(json_object_get(j, "split"));
+        json_int_t step = json_integer_value(json_object_get(j, "step"));
+        double loss = json_number_value(json_object_get(j, "loss"));
+        if (kind && !strcmp(kind, "step")) fprintf(steps, "%lld %g\n", (long long)step, loss);
+        if (kind && !strcmp(kind, "eval") && split && !strcmp(split, "val")) {
+            double acc = json_number_value(json_object_get(j, "accuracy"));
+            double bpb = json_number_value(json_object_get(j, "bpb"));
+            fprintf(evals, "%lld %g %g\n", (long long)step, loss, acc >= 0 ? 100 * acc : bpb);
+            n_eval++;
+        }
+        json_decref(j);
+    }
+    fclose(f);
+    return n_eval;
+}
+
+int ts_launch_plot(const char *run_dir, char *png, size_t cap) {
+    char sp[1200], ep[1200];
+    snprintf(sp, sizeof sp, "%s/plot-steps.dat", run_dir);
+    snprintf(ep, sizeof ep, "%s/plot-evals.dat", run_dir);
+    snprintf(png, cap, "%s/metrics.png", run_dir);
+    FILE *steps = fopen(sp, "w"), *evals = fopen(ep, "w");
+    int n_eval = steps && evals ? write_data(run_dir, steps, evals) : -1;
+    if (steps) fclose(steps);
+    if (evals) fclose(evals);
+    if (n_eval < 0) {
+        fprintf(stderr, "tessera-run --plot: cannot read %s/metrics.jsonl\n", run_dir);
+        return 1;
+    }
+    FILE *g = popen("gnuplot 2>/dev/null", "w");
+    if (!g) {
+        fprintf(stderr, "tessera-run --plot: gnuplot is not available\n");
+        return 1;
+    }
+    fprintf(g, "set terminal png size 1100,420\nset output '%s'\nset multiplot layout 1,2\n", png);
+    fprintf(g, "set title 'loss'\nset xlabel 'step'\nset grid\n");
+    fprintf(g, "plot '%s' using 1:2 with lines title 'train'", sp);
+    if (n_eval) fprintf(g, ", '%s' using 1:2 with linespoints title 'validation'", ep);
+    fprintf(g, "\n");
+    if (n_eval) fprintf(g, "set title 'validation accuracy %% (or bits/byte)'\nplot '%s' using 1:3 with linespoints notitle\n", ep);
+    fprintf(g, "unset multiplot\n");
+    int rc = pclose(g);
+    remove(sp);
+    remove(ep);
+    if (rc != 0) {
+        fprintf(stderr, "tessera-run --plot: gnuplot failed (exit %d)\n", rc);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,32 @@
+/* train.h - tessera-run's single-process modes: training a job in this
+ * process (strategy "local"), evaluating a checkpoint, generating text from
+ * a GPT checkpoint, plotting a run's metrics, and the environment report.
+ */
+#ifndef TS_LAUNCH_TRAIN_H
+#define TS_LAUNCH_TRAIN_H
+
+#include <stdbool.h>
+
+#include "proto/job.h"
+
+/* Trains job in this process with its run folder (run_dir NULL: the job's
+ * train.run_dir, else runs/<name>), resuming from its newest checkpoint
+ * when resume is set. SIGINT/SIGTERM stop after the current step with a
+ * checkpoint. Returns the exit status. */
+int ts_launch_train(const ts_job *job, const char *run_dir, bool resume);
+
+/* Evaluates the checkpoint folder ckpt on its job's test split (or the
+ * validation split when the data has no test split). */
+int ts_launch_eval(const char *ckpt);
+
+/* Prints prompt + n bytes sampled from the GPT checkpoint ckpt. */
+int ts_launch_generate(const char *ckpt, const char *prompt, int n, double temperature, int top_k, uint64_t seed);
+
+/* Draws <run_dir>/metrics.png from <run_dir>/metrics.jsonl with gnuplot;
+ * the PNG's path goes to png (cap bytes). */
+int ts_launch_plot(const char *run_dir, char *png, size_t cap);
+
+/* Prints version, build options, BLAS, threads, ZeroMQ/CURVE, MPI, CUDA. */
+int ts_launch_env(void);
+
+#endif
