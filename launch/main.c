@@ -9,6 +9,7 @@
 #include "launch/cluster.h"
 #include "launch/launch.h"
 #include "launch/supervise.h"
+#include "launch/train.h"
 
 static const char usage[] =
     "usage:\n"
@@ -22,11 +23,27 @@ static const char usage[] =
     "  tessera-run --mpi [--role scheduler|ps|worker] JOB.json [--set ...]\n"
     "      under mpirun: MPI rank 0 is the scheduler, the next parallel.servers\n"
     "      ranks are ps, the rest workers (--role sets it for MPMD launches)\n"
+    "  tessera-run JOB.json --resume [--run-dir DIR]\n"
+    "      strategy \"local\": train in this process, resuming from the newest\n"
+    "      checkpoint of the run folder\n"
+    "  tessera-run --eval CHECKPOINT_DIR\n"
+    "      test loss and accuracy (or bits per byte) of a checkpoint\n"
+    "  tessera-run --generate CHECKPOINT_DIR --prompt TEXT [--tokens N]\n"
+    "      [--temperature T] [--top-k K] [--seed S]   sample text from a GPT\n"
+    "  tessera-run --plot RUN_DIR      draw RUN_DIR/metrics.png\n"
+    "  tessera-run --env               version, build options, BLAS, threads,\n"
+    "      ZeroMQ/CURVE, MPI, CUDA\n"
     "  tessera-run --help\n";
 
 /* Parsed command line. */
 typedef struct {
-    enum { MODE_RUN, MODE_JOIN, MODE_STATUS, MODE_MPI } mode;
+    enum { MODE_RUN, MODE_JOIN, MODE_STATUS, MODE_MPI, MODE_EVAL, MODE_GENERATE, MODE_PLOT, MODE_ENV } mode;
+    const char *checkpoint; /* --eval / --generate */
+    const char *prompt;
+    int tokens, top_k;
+    double temperature;
+    unsigned long long seed;
+    bool resume;
     const char *address;  /* --join / --status */
     const char *key_file;
     const char *job_path;
@@ -53,6 +70,9 @@ static const char *flag_value(int argc, char **argv, int *i, const char *flag) {
 static int parse_cli(int argc, char **argv, cli *c) {
     memset(c, 0, sizeof *c);
     c->rank = -1;
+    c->tokens = 200;
+    c->top_k = 0;
+    c->temperature = 0.8;
     c->sets = calloc((size_t)argc, sizeof *c->sets);
     if (!c->sets) return -1;
     for (int i = 1; i < argc; i++) {
@@ -70,6 +90,29 @@ static int parse_cli(int argc, char **argv, cli *c) {
             c->address = v;
         } else if (strcmp(argv[i], "--mpi") == 0) {
             c->mode = MODE_MPI;
+        } else if (strcmp(argv[i], "--env") == 0) {
+            c->mode = MODE_ENV;
+        } else if (strcmp(argv[i], "--resume") == 0) {
+            c->resume = true;
+        } else if ((v = flag_value(argc, argv, &i, "--eval"))) {
+            c->mode = MODE_EVAL;
+            c->checkpoint = v;
+        } else if ((v = flag_value(argc, argv, &i, "--generate"))) {
+            c->mode = MODE_GENERATE;
+            c->checkpoint = v;
+        } else if ((v = flag_value(argc, argv, &i, "--plot"))) {
+            c->mode = MODE_PLOT;
+            c->run_dir = v;
+        } else if ((v = flag_value(argc, argv, &i, "--prompt"))) {
+            c->prompt = v;
+        } else if ((v = flag_value(argc, argv, &i, "--tokens"))) {
+            c->tokens = atoi(v);
+        } else if ((v = flag_value(argc, argv, &i, "--top-k"))) {
+            c->top_k = atoi(v);
+        } else if ((v = flag_value(argc, argv, &i, "--temperature"))) {
+            c->temperature = atof(v);
+        } else if ((v = flag_value(argc, argv, &i, "--seed"))) {
+            c->seed = strtoull(v, NULL, 10);
         } else if ((v = flag_value(argc, argv, &i, "--key-file"))) {
             c->key_file = v;
         } else if ((v = flag_value(argc, argv, &i, "--run-dir"))) {
@@ -94,6 +137,17 @@ static int parse_cli(int argc, char **argv, cli *c) {
                     argv[i]);
             return -1;
         }
+    }
+    if (c->mode >= MODE_EVAL) {
+        if (c->job_path) {
+            fprintf(stderr, "tessera-run: this mode takes no job file (%s)\n", c->job_path);
+            return -1;
+        }
+        if (c->mode == MODE_GENERATE && !c->prompt) {
+            fprintf(stderr, "tessera-run --generate needs --prompt TEXT\n");
+            return -1;
+        }
+        return 0;
     }
     if (c->mode == MODE_STATUS && c->job_path) {
         fprintf(stderr, "tessera-run --status takes no job file (%s)\n", c->job_path);
@@ -148,8 +202,18 @@ int main(int argc, char **argv) {
     cli c;
     if (parse_cli(argc, argv, &c) != 0) return 2;
     int code;
+    char png[1200];
     if (c.mode == MODE_STATUS) {
         code = ts_launch_status(c.address, c.key_file);
+    } else if (c.mode == MODE_ENV) {
+        code = ts_launch_env();
+    } else if (c.mode == MODE_EVAL) {
+        code = ts_launch_eval(c.checkpoint);
+    } else if (c.mode == MODE_GENERATE) {
+        code = ts_launch_generate(c.checkpoint, c.prompt, c.tokens, c.temperature, c.top_k, c.seed);
+    } else if (c.mode == MODE_PLOT) {
+        code = ts_launch_plot(c.run_dir, png, sizeof png);
+        if (!code) printf("chart: %s\n", png);
     } else {
         ts_cluster_opts o = {.job_path = c.job_path, .sets = c.sets,
                              .nsets = c.nsets, .run_dir = c.run_dir};
@@ -159,13 +223,8 @@ int main(int argc, char **argv) {
             free(c.sets);
             return 2;
         }
-        if (o.job.parallel.strategy == TS_STRATEGY_LOCAL) {
-            fprintf(stderr,
-                    "tessera-run: %s: strategy \"local\" (training in this process) "
-                    "is not built yet; set parallel.strategy to \"standin\" for the "
-                    "cluster stand-in loop\n",
-                    c.job_path);
-            code = 2;
+        if (o.job.parallel.strategy == TS_STRATEGY_LOCAL && c.mode == MODE_RUN) {
+            code = ts_launch_train(&o.job, c.run_dir, c.resume);
         } else if (c.mode == MODE_JOIN) {
             code = run_join(&c);
         } else if (c.mode == MODE_MPI) {

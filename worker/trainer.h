@@ -61,7 +61,7 @@ typedef struct ts_trainer {
 
 /* Builds everything for job (job_text: its JSON) in run_dir, resuming from
  * the newest checkpoint in run_dir/checkpoints when resume is set and one
- * exists. */
+ * exists. run_dir NULL: no run folder (evaluation, generation). */
 ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const char *run_dir, bool resume);
 
 void ts_trainer_free(ts_trainer *t);
@@ -84,6 +84,10 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s);
  * set, in eval mode and without gradients; max_batches 0 = all. */
 ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval_stats *e);
 
+/* Loads model weights, optimizer state, step and loader position from the
+ * checkpoint folder dir (validated; names and shapes must match). */
+ts_status ts_trainer_load(ts_trainer *t, const char *dir);
+
 /* Saves a checkpoint of the current step; its folder goes to path. */
 ts_status ts_trainer_save(ts_trainer *t, char *path, size_t cap);
 
@@ -91,11 +95,6 @@ ts_status ts_trainer_save(ts_trainer *t, char *path, size_t cap);
  * checkpoint and test evaluation. Stops early, after saving a checkpoint,
  * when *stop becomes non-zero (SIGINT). */
 ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop);
-
-/* Writes "<model> loss at step k" logits for a GPT from a prompt: appends
- * n new bytes sampled with temperature and top_k (0: all) using key. */
-ts_status ts_trainer_generate(ts_model *m, int64_t block_size, const char *prompt, int n, double temperature,
-                              int top_k, ts_key key, char *out, size_t cap);
 
 /* Builds the model spec a job describes. */
 ts_status ts_trainer_spec(const ts_job *job, ts_model_spec *spec);

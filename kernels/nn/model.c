@@ -154,6 +154,19 @@ ts_status ts_model_alloc_state(ts_model *m, int k) {
     return TS_OK;
 }
 
+ts_tensor *ts_model_state_tensor(ts_model *m) {
+    if (!m->state) {
+        ts_error(TS_ERR_STATE, "model: no optimizer state allocated");
+        return NULL;
+    }
+    size_t bytes = sizeof(float) * (size_t)m->n_state * (size_t)m->numel;
+    ts_storage *s = ts_storage_wrap(m->state, bytes, NULL, NULL);
+    if (!s) return NULL;
+    ts_tensor *t = ts_tensor_from_storage(s, TS_F32, 0, 2, (int64_t[]){m->n_state, m->numel}, NULL);
+    ts_storage_release(s);
+    return t;
+}
+
 void ts_model_train(ts_model *m, bool on) { m->training = on; }
 
 ts_tensor *ts_model_forward(ts_model *m, ts_tensor *x) {

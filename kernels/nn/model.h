@@ -80,6 +80,10 @@ void ts_model_zero_grad(ts_model *m);
 /* Allocates (zeroed) k floats of optimizer state per parameter element. */
 ts_status ts_model_alloc_state(ts_model *m, int k);
 
+/* The optimizer state as an f32 tensor [n_state, numel] viewing m->state
+ * (new reference; the model must outlive it), or NULL without state. */
+ts_tensor *ts_model_state_tensor(ts_model *m);
+
 /* Train or eval mode (dropout off in eval). */
 void ts_model_train(ts_model *m, bool on);
 

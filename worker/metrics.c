@@ -1,0 +1,85 @@
+/* metrics.c - step and eval lines, progress bar, metrics.jsonl. */
+#include "worker/metrics.h"
+
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+static bool bar_shown;
+
+FILE *ts_metrics_open(const char *run_dir, bool append) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    FILE *f = fopen(path, append ? "a" : "w");
+    if (!f) ts_error(TS_ERR_IO, "metrics: cannot open %s: %s", path, strerror(errno));
+    return f;
+}
+
+void ts_metrics_banner(const ts_trainer *t) {
+    static const char *archs[] = {"MLP", "CNN", "GPT"};
+    const ts_model *m = t->model;
+    printf("job %s: %s with %lld parameters (%.2f MiB), %lld training samples, %lld steps of batch %lld\n",
+           t->job.name, archs[t->spec.arch], (long long)m->numel, (double)m->numel * 4 / (1 << 20),
+           (long long)ts_loader_length(t->loader), (long long)t->total_steps, (long long)t->job.train.batch_size);
+    int64_t shape[TS_MAX_DIMS];
+    ts_dtype dt;
+    int nd = ts_model_input_shape(&t->spec, 1, shape, &dt);
+    if (t->spec.arch == TS_ARCH_MLP) { /* images are flattened for the MLP */
+        shape[1] = t->spec.widths[0];
+        nd = 2;
+    }
+    ts_model_summary((ts_model *)m, stdout, dt, nd, shape);
+    if (t->step) printf("resumed at step %lld\n", (long long)t->step);
+    fflush(stdout);
+}
+
+/* Redraws "[#####     ] step/total" on stderr. */
+static void progress(int64_t step, int64_t total) {
+    if (!isatty(STDERR_FILENO)) return;
+    int width = 30, done = (int)(width * step / (total ? total : 1));
+    fprintf(stderr, "\r[%.*s%*s] %lld/%lld", done, "##############################", width - done, "",
+            (long long)step, (long long)total);
+    fflush(stderr);
+    bar_shown = true;
+}
+
+void ts_metrics_end_progress(void) {
+    if (bar_shown) fputc('\n', stderr);
+    bar_shown = false;
+}
+
+void ts_metrics_step(FILE *jsonl, const ts_step_stats *s, int64_t total_steps) {
+    char rate[64];
+    if (s->tokens_per_s > 0)
+        snprintf(rate, sizeof rate, "%.0f tokens/s", s->tokens_per_s);
+    else
+        snprintf(rate, sizeof rate, "%.0f samples/s", s->samples_per_s);
+    if (bar_shown) fputc('\r', stderr);
+    printf("step %lld/%lld | loss %.4f | lr %.2e | %s | %.1f ms | mem %.1f MiB (peak %.1f)\n", (long long)s->step,
+           (long long)total_steps, s->loss, s->lr, rate, s->step_ms, (double)s->mem_bytes / (1 << 20),
+           (double)s->peak_bytes / (1 << 20));
+    fflush(stdout);
+    progress(s->step, total_steps);
+    if (!jsonl) return;
+    fprintf(jsonl,
+            "{\"kind\":\"step\",\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"step_ms\":%.3f,"
+            "\"samples_per_s\":%.1f,\"tokens_per_s\":%.1f,\"mem_bytes\":%zu,\"peak_bytes\":%zu}\n",
+            (long long)s->step, s->loss, s->lr, s->grad_norm, s->step_ms, s->samples_per_s, s->tokens_per_s,
+            s->mem_bytes, s->peak_bytes);
+    fflush(jsonl);
+}
+
+void ts_metrics_eval(FILE *jsonl, int64_t step, const char *split, const ts_eval_stats *e) {
+    if (bar_shown) fputc('\r', stderr);
+    if (e->accuracy >= 0)
+        printf("eval %s at step %lld | loss %.4f | accuracy %.2f%% (%lld samples)\n", split, (long long)step,
+               e->loss, 100 * e->accuracy, (long long)e->samples);
+    else
+        printf("eval %s at step %lld | loss %.4f | %.3f bits/byte (%lld sequences)\n", split, (long long)step,
+               e->loss, e->bits_per_byte, (long long)e->samples);
+    fflush(stdout);
+    if (!jsonl) return;
+    fprintf(jsonl, "{\"kind\":\"eval\",\"split\":\"%s\",\"step\":%lld,\"loss\":%.6f,\"accuracy\":%.6f,\"bpb\":%.6f}\n",
+            split, (long long)step, e->loss, e->accuracy, e->bits_per_byte);
+    fflush(jsonl);
+}

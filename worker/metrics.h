@@ -1,0 +1,27 @@
+/* metrics.h - what a training run reports: a line per step on stdout, a
+ * progress bar on stderr when it is a terminal, and the same numbers as
+ * JSON lines in <run_dir>/metrics.jsonl for plotting (tessera-run --plot).
+ */
+#ifndef TS_WORKER_METRICS_H
+#define TS_WORKER_METRICS_H
+
+#include <stdio.h>
+
+#include "worker/trainer.h"
+
+/* Opens <run_dir>/metrics.jsonl (appending when resuming). */
+FILE *ts_metrics_open(const char *run_dir, bool append);
+
+/* The run's header: job, model summary, data, steps. */
+void ts_metrics_banner(const ts_trainer *t);
+
+/* One step: the INFO line, the progress bar, the JSON line. */
+void ts_metrics_step(FILE *jsonl, const ts_step_stats *s, int64_t total_steps);
+
+/* An evaluation on split ("val" or "test"). */
+void ts_metrics_eval(FILE *jsonl, int64_t step, const char *split, const ts_eval_stats *e);
+
+/* Ends the progress bar line, if one is shown. */
+void ts_metrics_end_progress(void);
+
+#endif

@@ -1,0 +1,434 @@
+/* trainer.c - data, model, optimizer and the loop of a local training run. */
+#include "worker/trainer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "kernels/alloc.h"
+#include "kernels/autograd.h"
+#include "kernels/data/idx.h"
+#include "kernels/data/text.h"
+#include "kernels/io/checkpoint.h"
+#include "kernels/ops/elementwise.h"
+#include "kernels/ops/loss.h"
+#include "kernels/ops/view.h"
+#include "kernels/optim/clip.h"
+#include "worker/metrics.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+ts_status ts_trainer_spec(const ts_job *job, ts_model_spec *spec) {
+    const ts_job_model *m = &job->model;
+    memset(spec, 0, sizeof *spec);
+    switch (m->arch) {
+    case TS_JOB_MLP:
+        if (job->data.kind != TS_JOB_FASHION_MNIST)
+            return ts_error(TS_ERR_VALUE, "model.arch: mlp needs data.kind fashion_mnist");
+        spec->arch = TS_ARCH_MLP;
+        spec->widths[spec->n_widths++] = 28 * 28;
+        for (int i = 0; i < m->hidden.n; i++) spec->widths[spec->n_widths++] = m->hidden.v[i];
+        spec->widths[spec->n_widths++] = 10;
+        break;
+    case TS_JOB_CNN:
+        if (job->data.kind != TS_JOB_FASHION_MNIST)
+            return ts_error(TS_ERR_VALUE, "model.arch: cnn needs data.kind fashion_mnist");
+        spec->arch = TS_ARCH_CNN;
+        spec->in_ch = 1;
+        spec->img = 28;
+        spec->ch1 = m->ch1;
+        spec->ch2 = m->ch2;
+        spec->kernel = m->kernel;
+        spec->classes = 10;
+        break;
+    case TS_JOB_GPT:
+        if (job->data.kind != TS_JOB_TEXT) return ts_error(TS_ERR_VALUE, "model.arch: gpt needs data.kind text");
+        spec->arch = TS_ARCH_GPT;
+        spec->gpt = (ts_gpt_config){TS_TEXT_VOCAB, m->block_size, m->n_layer, m->n_head, m->n_embd, m->dropout};
+        spec->checkpoint = m->checkpoint;
+        break;
+    }
+    return ts_model_units(spec) < 0 ? ts_last_status() : TS_OK;
+}
+
+/* ---- data ---- */
+
+static ts_status load_images(ts_trainer *t) {
+    const char *dir = t->job.data.path[0] ? t->job.data.path : NULL;
+    ts_tensor *x, *y, *tx, *ty;
+    ts_status st = ts_idx_load_fashion_mnist(dir, true, &x, &y);
+    if (st) return st;
+    st = ts_idx_split(x, y, -1, t->job.data.val_fraction, &t->data[0], &t->data[1], &t->data[2], &t->data[3]);
+    ts_tensor_release(x);
+    ts_tensor_release(y);
+    if (st) return st;
+    if ((st = ts_idx_load_fashion_mnist(dir, false, &tx, &ty))) return st;
+    t->data[4] = tx;
+    t->data[5] = ty;
+    t->train_set = ts_dataset_tensors("fashion-mnist train", t->data[0], t->data[1]);
+    t->val_set = ts_dataset_tensors("fashion-mnist validation", t->data[2], t->data[3]);
+    t->test_set = ts_dataset_tensors("fashion-mnist test", t->data[4], t->data[5]);
+    return t->train_set && t->val_set && t->test_set ? TS_OK : ts_last_status();
+}
+
+static ts_status load_text(ts_trainer *t) {
+    ts_text_corpus *c = ts_text_load(t->job.data.path[0] ? t->job.data.path : NULL, t->job.data.val_fraction);
+    if (!c) return ts_last_status();
+    t->corpus = c;
+    int64_t T = t->job.model.block_size;
+    t->train_set = ts_text_dataset(c, false, T, T);
+    t->val_set = ts_text_dataset(c, true, T, T);
+    return t->train_set && t->val_set ? TS_OK : ts_last_status();
+}
+
+/* ---- setup ---- */
+
+/* Optimizer config, schedule and weight-decay groups from the job. */
+static ts_status setup_optimizer(ts_trainer *t) {
+    const ts_job_optimizer *o = &t->job.optimizer;
+    static const ts_optim_kind kinds[] = {TS_OPTIM_SGD, TS_OPTIM_ADAM, TS_OPTIM_ADAMW};
+    t->optim = ts_optim_defaults(kinds[o->kind]);
+    t->optim.weight_decay = o->weight_decay;
+    t->optim.momentum = o->momentum;
+    t->optim.nesterov = o->nesterov;
+    t->optim.beta1 = o->beta1;
+    t->optim.beta2 = o->beta2;
+    t->optim.eps = o->eps;
+    ts_status st = ts_optim_check(&t->optim);
+    if (st) return st;
+    const ts_job_schedule *s = &t->job.schedule;
+    static const ts_schedule_kind skinds[] = {TS_SCHEDULE_CONSTANT, TS_SCHEDULE_STEP, TS_SCHEDULE_COSINE};
+    t->schedule = (ts_schedule){skinds[s->kind], o->lr, s->step_size, s->gamma, s->warmup_steps, t->total_steps,
+                                s->min_lr};
+    if ((st = ts_schedule_check(&t->schedule))) return st;
+    ts_model *m = t->model;
+    ts_optim_named *named = calloc((size_t)m->n_params, sizeof *named);
+    if (!named) return ts_error(TS_ERR_MEMORY, "trainer: out of memory");
+    for (int i = 0; i < m->n_params; i++)
+        named[i] = (ts_optim_named){m->params[i].name, m->params[i].ndim, m->params[i].offset, m->params[i].numel};
+    static const char *const no_decay[] = {"*.bias", "*ln*"};
+    ts_optim_decay_rule rule = {2, no_decay, 2};
+    st = ts_optim_groups_build(&t->groups, m->numel, named, m->n_params, &rule);
+    free(named);
+    if (!st) st = ts_model_alloc_state(m, ts_optim_state_slots(&t->optim));
+    return st;
+}
+
+ts_status ts_trainer_load(ts_trainer *t, const char *dir) {
+    ts_checkpoint *ck = ts_checkpoint_open(dir);
+    if (!ck) return ts_last_status();
+    ts_model *m = t->model;
+    const char **names = calloc((size_t)m->n_params, sizeof *names);
+    ts_tensor **values = calloc((size_t)m->n_params, sizeof *values);
+    ts_status st = names && values ? TS_OK : ts_error(TS_ERR_MEMORY, "trainer: out of memory");
+    for (int i = 0; !st && i < m->n_params; i++) {
+        names[i] = m->params[i].name;
+        values[i] = m->params[i].value;
+    }
+    if (!st) st = ts_safetensors_load_into(ck->model, m->n_params, names, values, true);
+    free(names);
+    free(values);
+    if (!st && m->n_state) {
+        ts_tensor *state = ts_model_state_tensor(m);
+        const char *sname = "state";
+        st = state ? ts_safetensors_load_into(ck->optim, 1, &sname, &state, true) : ts_last_status();
+        ts_tensor_release(state);
+    }
+    if (!st) st = ts_loader_set_position(t->loader, ck->loader);
+    if (!st) t->step = ck->step;
+    ts_checkpoint_close(ck);
+    return st;
+}
+
+ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const char *run_dir, bool resume) {
+    ts_trainer *t = calloc(1, sizeof *t);
+    if (!t) {
+        ts_error(TS_ERR_MEMORY, "trainer: out of memory");
+        return NULL;
+    }
+    t->job = *job;
+    t->job_text = strdup(job_text ? job_text : "{}");
+    snprintf(t->run_dir, sizeof t->run_dir, "%s", run_dir ? run_dir : "");
+    ts_status st = ts_trainer_spec(job, &t->spec);
+    if (!st) st = job->data.kind == TS_JOB_FASHION_MNIST ? load_images(t) : load_text(t);
+    if (!st) {
+        ts_loader_config lc = {job->train.batch_size, job->data.shuffle, (uint64_t)job->seed, true, 0, 1,
+                               job->data.prefetch};
+        t->loader = ts_loader_create(t->train_set, &lc);
+        if (!t->loader) st = ts_last_status();
+    }
+    if (!st) {
+        int64_t per_epoch = ts_loader_batches_per_epoch(t->loader) / job->train.accum_steps;
+        t->total_steps = job->train.epochs > 0 ? job->train.epochs * per_epoch : job->steps;
+        if (t->total_steps < 1) st = ts_error(TS_ERR_VALUE, "steps: the job has no steps to run");
+    }
+    if (!st) {
+        t->model = ts_model_build(&t->spec, 0, -1, ts_key_from_seed((uint64_t)job->seed), TS_F32);
+        if (!t->model) st = ts_last_status();
+    }
+    if (!st) st = setup_optimizer(t);
+    if (!st && run_dir && mkdir(t->run_dir, 0755) && errno != EEXIST)
+        st = ts_error(TS_ERR_IO, "trainer: cannot create run folder %s: %s", t->run_dir, strerror(errno));
+    if (!st && run_dir && resume) {
+        char root[1100], dir[1200];
+        int64_t step;
+        snprintf(root, sizeof root, "%s/checkpoints", t->run_dir);
+        st = ts_checkpoint_latest(root, dir, sizeof dir, &step);
+        if (!st && step >= 0) st = ts_trainer_load(t, dir);
+    }
+    if (!st && run_dir) {
+        t->metrics = ts_metrics_open(t->run_dir, t->step > 0);
+        if (!t->metrics) st = ts_last_status();
+    }
+    if (st) {
+        ts_trainer_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+void ts_trainer_free(ts_trainer *t) {
+    if (!t) return;
+    ts_loader_free(t->loader);
+    ts_dataset_free(t->train_set);
+    ts_dataset_free(t->val_set);
+    ts_dataset_free(t->test_set);
+    ts_text_free(t->corpus);
+    for (int i = 0; i < 6; i++) ts_tensor_release(t->data[i]);
+    ts_model_free(t->model);
+    ts_optim_groups_free(&t->groups);
+    if (t->metrics) fclose(t->metrics);
+    free(t->job_text);
+    free(t);
+}
+
+/* ---- one step ---- */
+
+/* The model's logits for batch input x, reshaped to [rows, classes], and
+ * targets reshaped to [rows]. */
+static ts_status logits_for(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_tensor **logits, ts_tensor **targets) {
+    ts_tensor *in = t->spec.arch == TS_ARCH_MLP ? ts_flatten(x, 1, -1) : ts_tensor_retain(x);
+    ts_tensor *out = in ? ts_model_forward(t->model, in) : NULL;
+    ts_tensor_release(in);
+    if (!out) return ts_last_status();
+    int64_t classes = out->shape[out->ndim - 1];
+    *logits = ts_reshape(out, 2, (int64_t[]){-1, classes});
+    *targets = ts_reshape(y, 1, (int64_t[]){-1});
+    ts_tensor_release(out);
+    return *logits && *targets ? TS_OK : ts_last_status();
+}
+
+ts_status ts_trainer_micro(ts_trainer *t, const ts_batch *b, double scale, double *loss) {
+    ts_tensor *logits = NULL, *targets = NULL, *l = NULL, *ls = NULL;
+    ts_status st = logits_for(t, b->x, b->y, &logits, &targets);
+    if (!st) l = ts_cross_entropy(logits, targets, -100, TS_REDUCTION_MEAN);
+    if (!st && !l) st = ts_last_status();
+    if (!st) {
+        *loss = ts_tensor_item(l);
+        ls = scale == 1.0 ? ts_tensor_retain(l) : ts_mul_scalar(l, scale);
+        st = ls ? ts_backward(ls, NULL) : ts_last_status();
+    }
+    ts_tensor_release(logits);
+    ts_tensor_release(targets);
+    ts_tensor_release(l);
+    ts_tensor_release(ls);
+    return st;
+}
+
+ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples) {
+    int k = t->job.train.accum_steps;
+    ts_model_zero_grad(t->model);
+    ts_model_train(t->model, true);
+    /* one dropout key per step, the same on every process and after resume */
+    t->model->dropout_key = ts_key_fold_in(ts_key_from_seed((uint64_t)t->job.seed ^ 0x64726f70ULL), (uint64_t)t->step);
+    *loss = 0;
+    *samples = 0;
+    for (int i = 0; i < k; i++) {
+        ts_batch b;
+        ts_status st = ts_loader_next(t->loader, &b);
+        if (st) return st;
+        double l = 0;
+        st = ts_trainer_micro(t, &b, 1.0 / k, &l);
+        *samples += b.size;
+        ts_batch_release(&b);
+        if (st) return st;
+        *loss += l / k;
+    }
+    return TS_OK;
+}
+
+ts_status ts_trainer_apply(ts_trainer *t, double *lr, double *grad_norm) {
+    ts_model *m = t->model;
+    float *grads = ts_f32(m->flat_grads);
+    double norm = sqrt(ts_clip_sq_norm(grads, m->numel));
+    if (t->job.optimizer.clip_norm > 0) {
+        ts_status st = ts_clip_grad_norm(grads, m->numel, t->job.optimizer.clip_norm, true, &norm);
+        if (st) return st;
+    }
+    *grad_norm = norm;
+    *lr = ts_schedule_lr(&t->schedule, t->step);
+    ts_status st = ts_optim_step_flat(&t->optim, t->step + 1, *lr, &t->groups, ts_f32(m->flat_params), grads,
+                                      m->state, m->numel, 0, m->numel);
+    if (!st) t->step++;
+    return st;
+}
+
+ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s) {
+    double t0 = now_ms();
+    int64_t samples = 0;
+    ts_alloc_reset_peak();
+    ts_status st = ts_trainer_grads(t, &s->loss, &samples);
+    if (!st) st = ts_trainer_apply(t, &s->lr, &s->grad_norm);
+    if (st) return st;
+    s->step = t->step;
+    s->step_ms = now_ms() - t0;
+    s->samples_per_s = samples / (s->step_ms / 1e3);
+    s->tokens_per_s = t->spec.arch == TS_ARCH_GPT ? s->samples_per_s * t->spec.gpt.block_size : 0;
+    ts_alloc_stats a = ts_alloc_get_stats();
+    s->mem_bytes = a.allocated;
+    s->peak_bytes = a.peak;
+    return TS_OK;
+}
+
+/* ---- evaluation ---- */
+
+/* Adds the batch's summed loss and correct predictions. */
+static ts_status eval_batch(ts_trainer *t, const ts_batch *b, double *loss_sum, int64_t *correct, int64_t *rows) {
+    ts_tensor *logits = NULL, *targets = NULL;
+    ts_status st = logits_for(t, b->x, b->y, &logits, &targets);
+    ts_tensor *l = st ? NULL : ts_cross_entropy(logits, targets, -100, TS_REDUCTION_SUM);
+    if (!st && !l) st = ts_last_status();
+    if (!st) {
+        *loss_sum += ts_tensor_item(l);
+        ts_tensor *c = ts_contiguous(logits);
+        int64_t n = c->shape[0], k = c->shape[1];
+        const float *p = ts_f32(c);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t best = 0;
+            for (int64_t j = 1; j < k; j++)
+                if (p[i * k + j] > p[i * k + best]) best = j;
+            *correct += best == (int64_t)ts_tensor_get(targets, i);
+        }
+        *rows += n;
+        ts_tensor_release(c);
+    }
+    ts_tensor_release(l);
+    ts_tensor_release(logits);
+    ts_tensor_release(targets);
+    return st;
+}
+
+ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval_stats *e) {
+    const ts_dataset *ds = test && t->test_set ? t->test_set : t->val_set;
+    ts_loader_config lc = {t->job.train.batch_size, false, 0, false, 0, 1, 0};
+    ts_loader *l = ts_loader_create(ds, &lc);
+    if (!l) return ts_last_status();
+    int64_t batches = ts_loader_batches_per_epoch(l);
+    if (max_batches > 0 && max_batches < batches) batches = max_batches;
+    bool prev = ts_grad_set_enabled(false);
+    ts_model_train(t->model, false);
+    double loss_sum = 0;
+    int64_t correct = 0, rows = 0;
+    ts_status st = TS_OK;
+    for (int64_t i = 0; !st && i < batches; i++) {
+        ts_batch b;
+        st = ts_loader_next(l, &b);
+        if (!st) {
+            st = eval_batch(t, &b, &loss_sum, &correct, &rows);
+            ts_batch_release(&b);
+        }
+    }
+    ts_model_train(t->model, true);
+    ts_grad_set_enabled(prev);
+    ts_loader_free(l);
+    if (st) return st;
+    e->samples = rows;
+    e->loss = rows ? loss_sum / (double)rows : 0;
+    bool gpt = t->spec.arch == TS_ARCH_GPT;
+    e->accuracy = gpt ? -1 : (double)correct / (double)(rows ? rows : 1);
+    e->bits_per_byte = gpt ? ts_text_bits_per_byte(e->loss) : -1;
+    return TS_OK;
+}
+
+/* ---- checkpoints ---- */
+
+ts_status ts_trainer_save(ts_trainer *t, char *path, size_t cap) {
+    ts_model *m = t->model;
+    const char **names = calloc((size_t)m->n_params, sizeof *names);
+    ts_tensor **values = calloc((size_t)m->n_params, sizeof *values);
+    if (!names || !values) {
+        free(names);
+        free(values);
+        return ts_error(TS_ERR_MEMORY, "trainer: out of memory");
+    }
+    for (int i = 0; i < m->n_params; i++) {
+        names[i] = m->params[i].name;
+        values[i] = m->params[i].value;
+    }
+    ts_tensor *state = m->n_state ? ts_model_state_tensor(m) : NULL;
+    const char *sname = "state";
+    ts_checkpoint_data d = {
+        .step = t->step,
+        .n_model = m->n_params,
+        .model_names = names,
+        .model = values,
+        .n_optim = state ? 1 : 0,
+        .optim_names = &sname,
+        .optim = &state,
+        .loader = ts_loader_position(t->loader),
+        .config = t->job_text,
+    };
+    char root[1100];
+    snprintf(root, sizeof root, "%s/checkpoints", t->run_dir);
+    ts_status st = ts_checkpoint_save(root, &d, t->job.train.keep_checkpoints, path, cap);
+    ts_tensor_release(state);
+    free(names);
+    free(values);
+    return st;
+}
+
+/* ---- the loop ---- */
+
+/* Validation pass with its log and metrics lines. */
+static ts_status run_eval(ts_trainer *t, bool test) {
+    ts_eval_stats e;
+    ts_status st = ts_trainer_eval(t, test, test ? 0 : t->job.train.eval_batches, &e);
+    if (!st) ts_metrics_eval(t->metrics, t->step, test ? "test" : "val", &e);
+    return st;
+}
+
+ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop) {
+    const ts_job_train *tr = &t->job.train;
+    ts_metrics_banner(t);
+    ts_status st = TS_OK;
+    char ckpt[1200] = "";
+    while (!st && t->step < t->total_steps && !(stop && *stop)) {
+        ts_step_stats s;
+        st = ts_trainer_step(t, &s);
+        if (st) break;
+        if (t->step % tr->log_every == 0 || t->step == t->total_steps)
+            ts_metrics_step(t->metrics, &s, t->total_steps);
+        if (tr->eval_every && t->step % tr->eval_every == 0 && t->step < t->total_steps) st = run_eval(t, false);
+        if (!st && tr->checkpoint_every && t->step % tr->checkpoint_every == 0)
+            st = ts_trainer_save(t, ckpt, sizeof ckpt);
+    }
+    ts_metrics_end_progress();
+    if (st) return st;
+    if (stop && *stop) {
+        st = ts_trainer_save(t, ckpt, sizeof ckpt);
+        if (!st) printf("interrupted at step %lld; checkpoint %s\n", (long long)t->step, ckpt);
+        return st ? st : ts_error(TS_ERR_STATE, "training interrupted at step %lld", (long long)t->step);
+    }
+    st = ts_trainer_save(t, ckpt, sizeof ckpt);
+    if (!st) st = run_eval(t, false);
+    if (!st && t->test_set) st = run_eval(t, true);
+    if (!st) printf("checkpoint: %s\n", ckpt);
+    return st;
+}
