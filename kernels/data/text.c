@@ -86,8 +86,8 @@ static ts_status add_file(ts_text_corpus *c, const char *path, double frac, int6
     if (!s) s = grow(&c->train, &caps[0], c->n_train + nt);
     if (!s) s = grow(&c->val, &caps[1], c->n_val + nv);
     if (!s) {
-        memcpy(c->train + c->n_train, buf, (size_t)nt);
-        memcpy(c->val + c->n_val, buf + nt, (size_t)nv);
+        if (nt) memcpy(c->train + c->n_train, buf, (size_t)nt);
+        if (nv) memcpy(c->val + c->n_val, buf + nt, (size_t)nv);
         c->n_train += nt;
         c->n_val += nv;
         c->nfiles++;
@@ -119,7 +119,7 @@ ts_text_corpus *ts_text_load(const char *path, double val_fraction) {
     ts_status s = S_ISDIR(sb.st_mode) ? walk(path, &files, 0) : list_push(&files, path);
     ts_text_corpus *c = calloc(1, sizeof *c);
     if (!s && !c) s = ts_error(TS_ERR_MEMORY, "text %s: out of memory", path);
-    if (!s) qsort(files.v, (size_t)files.n, sizeof(char *), path_cmp);
+    if (!s && files.n > 1) qsort(files.v, (size_t)files.n, sizeof(char *), path_cmp);
     int64_t caps[2] = {0, 0};
     for (int i = 0; !s && i < files.n; i++) s = add_file(c, files.v[i], val_fraction, caps);
     for (int i = 0; i < files.n; i++) free(files.v[i]);
