@@ -2,6 +2,7 @@
 #include "kernels/ops/pool.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kernels/autograd.h"
@@ -42,11 +43,9 @@ static inline void window(const pool_geom *g, int64_t oh, int64_t ow, int64_t *h
                     for (int64_t ih = h0; ih < h1; ih++)                                                  \
                         for (int64_t iw = w0; iw < w1; iw++) {                                            \
                             T v = xp[ih * g->W + iw];                                                     \
-                            if (v > best || isnan(v)) {                                                   \
-                                best = v;                                                                 \
-                                best_i = ih * g->W + iw;                                                  \
-                                if (isnan(v)) ih = h1, iw = w1;                                           \
-                            }                                                                             \
+                            bool take = (v > best) | (v != v); /* a NaN wins and stays; no branch */      \
+                            best_i = take ? ih * g->W + iw : best_i;                                      \
+                            best = take ? v : best;                                                       \
                         }                                                                                 \
                     int64_t o = (p * g->Ho + oh) * g->Wo + ow;                                            \
                     out[o] = best;                                                                        \

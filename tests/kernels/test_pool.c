@@ -112,6 +112,18 @@ static void test_argmax_routing(void **state) {
     ts_tensor_release(g);
 }
 
+/* a NaN in a window gives NaN, like PyTorch */
+static void test_nan_propagates(void **state) {
+    (void)state;
+    float v[] = {1, NAN, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    ts_tensor *x = ts_tensor_from_data(TS_F32, SHAPE(1, 1, 4, 4), v);
+    ts_tensor *y = ts_max_pool2d(x, 2, 2, 2, 2, 0, 0);
+    assert_true(isnan(ts_tensor_get(y, 0)));
+    assert_true(ts_tensor_get(y, 1) == 7 && ts_tensor_get(y, 3) == 15);
+    ts_tensor_release(x);
+    ts_tensor_release(y);
+}
+
 static void test_errors(void **state) {
     (void)state;
     ts_tensor *x = ts_tensor_zeros(TS_F32, SHAPE(2, 3, 4, 4));
@@ -137,6 +149,7 @@ int main(void) {
         cmocka_unit_test(test_values),
         cmocka_unit_test(test_gradcheck),
         cmocka_unit_test(test_argmax_routing),
+        cmocka_unit_test(test_nan_propagates),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
