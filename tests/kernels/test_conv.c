@@ -114,6 +114,23 @@ static void test_gradcheck(void **state) {
     gradcheck_conv(2, 2, 5, 6, 2, 2, 3, opts(2, 1, 1), true, true); /* x [2,2,6,5] transposed */
 }
 
+/* only some operands need gradients: each backward branch alone */
+static void test_partial_grads(void **state) {
+    (void)state;
+    for (int want = 0; want < 3; want++) {
+        ts_tensor *in[3] = {ts_tensor_randn(ts_key_from_seed(5), TS_F64, SHAPE(2, 2, 5, 5)),
+                            ts_tensor_randn(ts_key_from_seed(6), TS_F64, SHAPE(3, 2, 3, 3)),
+                            ts_tensor_randn(ts_key_from_seed(7), TS_F64, SHAPE(3))};
+        ts_set_requires_grad(in[want], true);
+        conv_ctx c = {opts(2, 1, 1), true, false};
+        assert_int_equal(ts_gradcheck(conv_fn, &c, 3, in, 1e-6, 1e-7, 1e-6), TS_OK);
+        for (int i = 0; i < 3; i++) {
+            if (i != want) assert_null(in[i]->grad);
+            ts_tensor_release(in[i]);
+        }
+    }
+}
+
 static void test_rectangular_options(void **state) {
     (void)state;
     ts_conv2d_opts o = ts_conv2d_default_opts();
@@ -165,6 +182,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_values),
         cmocka_unit_test(test_gradcheck),
+        cmocka_unit_test(test_partial_grads),
         cmocka_unit_test(test_rectangular_options),
         cmocka_unit_test(test_errors),
     };
