@@ -114,6 +114,20 @@ static void test_gradcheck_batched_broadcast(void **state) {
     gradcheck_pair(SHAPE(2, 2, 3, 4), SHAPE(4, 2), false, false); /* two batch dims folded */
 }
 
+/* only one operand needs a gradient */
+static void test_partial_grads(void **state) {
+    (void)state;
+    for (int want = 0; want < 2; want++) {
+        ts_tensor *in[2] = {ts_tensor_randn(ts_key_from_seed(51), TS_F64, SHAPE(2, 3, 4)),
+                            ts_tensor_randn(ts_key_from_seed(52), TS_F64, SHAPE(4, 5))};
+        ts_set_requires_grad(in[want], true);
+        assert_int_equal(ts_gradcheck(mm_fn, NULL, 2, in, 1e-6, 1e-7, 1e-6), TS_OK);
+        assert_null(in[1 - want]->grad);
+        ts_tensor_release(in[0]);
+        ts_tensor_release(in[1]);
+    }
+}
+
 /* a leaf whose storage is laid out so no BLAS layout fits: every other
  * element of a [rows, 2*cols] buffer */
 static ts_tensor *strided_leaf(uint64_t seed, int64_t rows, int64_t cols) {
@@ -243,6 +257,7 @@ int main(void) {
         cmocka_unit_test(test_gradcheck_2d_and_vectors),
         cmocka_unit_test(test_gradcheck_transposed),
         cmocka_unit_test(test_gradcheck_batched_broadcast),
+        cmocka_unit_test(test_partial_grads),
         cmocka_unit_test(test_gradcheck_strided),
         cmocka_unit_test(test_transposed_view_not_copied),
         cmocka_unit_test(test_matmul_into),
