@@ -45,6 +45,7 @@ typedef struct {
     slot *ps, *workers;
     int restarts_used;
     phase phase;
+    int stop_signal;  /* sent to the children when stopping */
     int exit_code;
     char reason[2048];
 } cluster;
@@ -94,7 +95,7 @@ static void failv(cluster *cl, int code, unsigned settle_ms, const char *fmt,
     fprintf(stderr, "[run] job %s failed: %s; stopping every process\n",
             cl->o->job.name, cl->reason);
     if (settle_ms == 0) {
-        ts_super_stop(&cl->super, STOP_GRACE_MS);
+        ts_super_stop(&cl->super, cl->stop_signal, STOP_GRACE_MS);
     } else {
         uv_timer_stop(&cl->drain_timer);
         uv_timer_start(&cl->drain_timer, drain_expired, settle_ms, 0);
@@ -210,11 +211,11 @@ static void drain_expired(uv_timer_t *t) {
         fail(cl, 1, "every node finished but the scheduler did not exit within %d ms",
              DRAIN_MS);
     } else if (cl->phase == PHASE_FAILED) {
-        ts_super_stop(&cl->super, STOP_GRACE_MS);
+        ts_super_stop(&cl->super, cl->stop_signal, STOP_GRACE_MS);
     } else if (ts_super_live(&cl->super) > 0) {
         fprintf(stderr, "[run] warning: stopping the processes still running "
                         "%d ms after the job ended\n", DRAIN_MS);
-        ts_super_stop(&cl->super, STOP_GRACE_MS);
+        ts_super_stop(&cl->super, cl->stop_signal, STOP_GRACE_MS);
     }
 }
 
@@ -284,6 +285,7 @@ static void on_signal(ts_super *s, int signum) {
         for (ts_child *c = s->children; c; c = c->next) ts_super_signal(c, SIGKILL);
         return;
     }
+    cl->stop_signal = signum; /* forwarded as it came */
     fail(cl, 128 + signum, "interrupted by %s", signum == SIGINT ? "SIGINT" : "SIGTERM");
 }
 
@@ -379,6 +381,7 @@ int ts_cluster_run(const ts_cluster_opts *o) {
         return 1;
     }
     cl->o = o;
+    cl->stop_signal = SIGTERM;
     cl->ps = slots;
     cl->workers = slots + p->servers;
     cl->sched = (slot){TS_ROLE_SCHEDULER, -1, NULL, 0};

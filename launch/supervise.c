@@ -216,7 +216,7 @@ ts_child *ts_super_spawn(ts_super *s, ts_proto_role role, int rank, const char *
     s->children = c;
     uv_read_start((uv_stream_t *)&c->out.pipe, alloc_read, on_read);
     uv_read_start((uv_stream_t *)&c->err.pipe, alloc_read, on_read);
-    if (s->stopping) ts_super_signal(c, SIGTERM);
+    if (s->stopping) ts_super_signal(c, s->stop_signal);
     return c;
 }
 
@@ -235,10 +235,11 @@ void ts_super_signal(ts_child *c, int signum) {
         kill(pid, SIGCONT);
 }
 
-void ts_super_stop(ts_super *s, unsigned grace_ms) {
+void ts_super_stop(ts_super *s, int signum, unsigned grace_ms) {
     if (s->stopping) return;
     s->stopping = 1;
-    for (ts_child *c = s->children; c; c = c->next) ts_super_signal(c, SIGTERM);
+    s->stop_signal = signum;
+    for (ts_child *c = s->children; c; c = c->next) ts_super_signal(c, signum);
     uv_timer_start(&s->kill_timer, kill_survivors, grace_ms, 0);
 }
 

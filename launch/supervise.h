@@ -76,6 +76,7 @@ struct ts_super {
     uv_timer_t kill_timer;
     ts_child *children;   /* live list, newest first */
     int stopping;         /* ts_super_stop called */
+    int stop_signal;      /* the signal it sent */
     void *user;
     char readbuf[65536];  /* libuv read buffer, consumed at once */
 };
@@ -100,9 +101,9 @@ int ts_super_live(const ts_super *s);
  * child can act on it). */
 void ts_super_signal(ts_child *c, int signum);
 
-/* Stops every child: SIGTERM now, SIGKILL to any still running after
- * grace_ms. Idempotent. */
-void ts_super_stop(ts_super *s, unsigned grace_ms);
+/* Stops every child: signum (SIGTERM, or the SIGINT tessera-run got) now,
+ * SIGKILL to any still running after grace_ms. Idempotent. */
+void ts_super_stop(ts_super *s, int signum, unsigned grace_ms);
 
 /* Closes the signal handlers and timer so the loop can end once every child
  * is done. */
