@@ -40,7 +40,7 @@ static int64_t count_rest(gzFile g) {
     return n;
 }
 
-static ts_tensor *read_open(gzFile g, const char *path) {
+static ts_tensor *read_open(gzFile g, const char *path, int64_t file_size) {
     unsigned char magic[4];
     int64_t got = read_all(g, path, magic, 4);
     if (got < 0) return NULL;
@@ -75,9 +75,14 @@ static ts_tensor *read_open(gzFile g, const char *path) {
         }
         numel *= dims[i];
     }
+    int64_t head = 4 + 4 * (int64_t)ndim;
+    if (gzdirect(g) && file_size < head + numel) { /* plain file: refuse before allocating */
+        ts_error(TS_ERR_FORMAT, "idx %s: truncated: dims %s need %lld bytes, the file has %lld", path,
+                 ts_dims_str(ndim, dims), (long long)(head + numel), (long long)file_size);
+        return NULL;
+    }
     ts_tensor *t = ts_tensor_empty(TS_U8, ndim, dims);
     if (!t) return NULL;
-    int64_t head = 4 + 4 * (int64_t)ndim;
     got = read_all(g, path, ts_tensor_data(t), numel);
     if (got >= 0 && got < numel) {
         ts_error(TS_ERR_FORMAT, "idx %s: truncated: dims %s need %lld bytes (uncompressed), the file has %lld", path,
@@ -111,7 +116,7 @@ ts_tensor *ts_idx_read(const char *path) {
         return NULL;
     }
     gzbuffer(g, 1u << 17);
-    ts_tensor *t = read_open(g, path);
+    ts_tensor *t = read_open(g, path, (int64_t)sb.st_size);
     gzclose(g);
     return t;
 }

@@ -60,7 +60,13 @@ static char *build_header(const char *path, int n, const char *const *names, ts_
     json_t *root = json_object();
     if (nmeta > 0) {
         json_t *meta = json_object();
-        for (int i = 0; i < nmeta; i++) json_object_set_new(meta, keys[i], json_string(values[i]));
+        for (int i = 0; i < nmeta; i++)
+            if (json_object_set_new(meta, keys[i], json_string(values[i])) != 0) {
+                ts_error(TS_ERR_VALUE, "safetensors write %s: metadata '%s' is not valid UTF-8 text", path, keys[i]);
+                json_decref(meta);
+                json_decref(root);
+                return NULL;
+            }
         json_object_set_new(root, "__metadata__", meta);
     }
     uint64_t off = 0;
@@ -71,7 +77,11 @@ static char *build_header(const char *path, int n, const char *const *names, ts_
         uint64_t end = off + ts_tensor_nbytes(t);
         json_t *e = json_pack("{s:s, s:o, s:[I,I]}", "dtype", dtype_strs[t->dtype], "shape", shape, "data_offsets",
                               (json_int_t)off, (json_int_t)end);
-        json_object_set_new(root, names[i], e);
+        if (!e || json_object_set_new(root, names[i], e) != 0) {
+            ts_error(TS_ERR_VALUE, "safetensors write %s: tensor name '%s' is not valid UTF-8", path, names[i]);
+            json_decref(root);
+            return NULL;
+        }
         off = end;
     }
     char *text = json_dumps(root, JSON_COMPACT);

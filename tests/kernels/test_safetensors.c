@@ -137,6 +137,9 @@ static void test_load_into_checks(void **state) {
     assert_non_null(strstr(ts_last_error(), "name 'a' given twice"));
     assert_null(ts_safetensors_open(p));
     assert_non_null(strstr(ts_last_error(), "cannot open"));
+    const char *bad_utf8[] = {"caf\xc3"};
+    assert_int_equal(ts_safetensors_write(p, 1, bad_utf8, &w, 0, NULL, NULL), TS_ERR_VALUE);
+    assert_non_null(strstr(ts_last_error(), "is not valid UTF-8"));
     ts_tensor_release(w);
     ts_tensor_release(wrong);
     ts_tensor_release(wd);
