@@ -3,11 +3,11 @@
  * q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv], one float dtype
  * (f32/f64), any strides. out [B, H, Tq, Dv] = softmax(scale * q k^T + mask) v
  * where the causal mask hides key j from query i when j > i (PyTorch's
- * is_causal, top-left aligned; Tq <= Tk is then required so no row is
- * empty). scale <= 0 means 1/sqrt(D). One op with its own backward: the
+ * is_causal, top-left aligned: query i sees keys 0..min(i, Tk-1)). scale 0
+ * means 1/sqrt(D); it must be finite. One op with its own backward: the
  * forward keeps only the log-sum-exp of each score row; the backward
- * recomputes the probabilities from it. Per (b, h) head the products are
- * OpenBLAS GEMMs, the row softmax OpenMP loops.
+ * recomputes the probabilities from it. OpenMP spreads the B*H heads over
+ * the threads; each head runs serially in cache-sized row blocks.
  */
 #ifndef TS_OPS_ATTENTION_H
 #define TS_OPS_ATTENTION_H

@@ -128,13 +128,22 @@ done:
 
 /* ---- mse ---- */
 
+/* Elements summed in the input's precision before adding into a double. */
+#define MSE_CHUNK 4096
+
 /* For each type: sum of squared differences, and the gradients +-2 (a - b)
  * scale (ga or gb NULL: not wanted). */
 #define MSE_DEFINE(T, S)                                                                               \
     static double mse_fwd_##S(const T *a, const T *b, int64_t n) {                                     \
         double total = 0;                                                                              \
-        _Pragma("omp parallel for simd schedule(static) reduction(+ : total) if (n > PAR_MIN)")        \
-        for (int64_t i = 0; i < n; i++) total += (double)((a[i] - b[i]) * (a[i] - b[i]));             \
+        int64_t chunks = (n + MSE_CHUNK - 1) / MSE_CHUNK;                                              \
+        _Pragma("omp parallel for schedule(static) reduction(+ : total) if (n > PAR_MIN)")             \
+        for (int64_t c = 0; c < chunks; c++) {                                                         \
+            int64_t lo = c * MSE_CHUNK, hi = lo + MSE_CHUNK < n ? lo + MSE_CHUNK : n;                  \
+            T part = 0;                                                                                \
+            TS_SIMD_##S(reduction(+ : part)) for (int64_t i = lo; i < hi; i++) part += (a[i] - b[i]) * (a[i] - b[i]); \
+            total += (double)part;                                                                     \
+        }                                                                                              \
         return total;                                                                                  \
     }                                                                                                  \
     static void mse_bwd_##S(const T *a, const T *b, T *ga, T *gb, int64_t n, T scale) {               \

@@ -10,7 +10,6 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 /* exp(x) for float, in plain arithmetic so a loop of it vectorises (libm's
  * expf does not without -ffast-math). x = n ln2 + r with |r| <= ln2/2, a
@@ -20,7 +19,8 @@
 static inline float ts_expf_fast(float x) {
     const float lo = -87.3365f, hi = 88.3762f;
     float xc = x < lo ? lo : (x > hi ? hi : x);
-    float n = floorf(xc * 1.44269504088896341f + 0.5f);
+    /* round to nearest by the 1.5 * 2^23 trick (floorf would not vectorise) */
+    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = xc - n * 0.693359375f;  /* ln2 split: high part exact in float */
     r = r + n * 2.12194440e-4f;       /* minus (ln2 - 0.693359375) */
     float p = 1.9875691500e-4f;
@@ -30,10 +30,11 @@ static inline float ts_expf_fast(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    int32_t e = ((int32_t)n + 127) << 23;
-    float s;
-    memcpy(&s, &e, sizeof s);
-    float y = p * s;
+    union {
+        int32_t i;
+        float f;
+    } s = {.i = ((int32_t)n + 127) << 23}; /* a union, not memcpy: it vectorises */
+    float y = p * s.f;
     y = x < lo ? 0.0f : y;
     y = x > hi ? INFINITY : y;
     return x != x ? x : y;
@@ -52,13 +53,20 @@ static inline double ts_exp_d(double x) { return exp(x); }
 
 /* Instantiates, for type T with suffix S (f or d) and exp function EXP, on
  * rows of n contiguous elements:
- *   T ts_row_max_S(x, n)           max of the row (-inf when n == 0)
+ *   T ts_row_max_S(x, n)           max of the row (-inf when n == 0), in 16
+ *                                  lanes so it vectorises without a pragma
  *   T ts_row_exp_S(x, y, n, m)     y[i] = exp(x[i] - m), returns their sum
  * x and y may alias (in-place). */
 #define TS_ROWMATH_DEFINE(T, S, EXP)                                                                  \
     static inline T ts_row_max_##S(const T *x, int64_t n) {                                           \
+        T part[16];                                                                                   \
+        for (int j = 0; j < 16; j++) part[j] = -INFINITY;                                             \
+        int64_t i = 0;                                                                                \
+        for (; i + 16 <= n; i += 16)                                                                  \
+            for (int j = 0; j < 16; j++) part[j] = x[i + j] > part[j] ? x[i + j] : part[j];           \
         T m = -INFINITY;                                                                              \
-        TS_SIMD_##S(reduction(max : m)) for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;      \
+        for (; i < n; i++) m = x[i] > m ? x[i] : m;                                                   \
+        for (int j = 0; j < 16; j++) m = part[j] > m ? part[j] : m;                                   \
         return m;                                                                                     \
     }                                                                                                 \
     static inline T ts_row_exp_##S(const T *x, T *y, int64_t n, T m) {                                \
