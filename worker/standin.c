@@ -17,7 +17,8 @@ static double now_ms(void) {
 
 static void sleep_ms(double ms) {
     if (ms <= 0) return;
-    struct timespec ts = {(time_t)(ms / 1e3), (long)((ms - (double)(time_t)(ms / 1e3) * 1e3) * 1e6)};
+    long long ns = (long long)(ms * 1e6);
+    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
     nanosleep(&ts, NULL);
 }
 
