@@ -30,10 +30,17 @@
 /* Register tile of the matrix kernel: MR rows x NV vectors of C. Vectors are
  * 64-byte GNU vector types (AVX-512 registers where the target has them,
  * pairs of AVX2 registers otherwise), so NR = NV * 64 / sizeof(T) columns. */
-#define MR 4
+#define MR 8
 #define NV 2
 typedef float ts_vec_f __attribute__((vector_size(64)));
 typedef double ts_vec_d __attribute__((vector_size(64)));
+/* gcc in ISO C mode does not fuse a * b + c into FMA instructions; the
+ * matrix kernel asks for it (clang fuses within an expression by default). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define FUSED_MULTIPLY_ADD __attribute__((optimize("fp-contract=fast")))
+#else
+#define FUSED_MULTIPLY_ADD
+#endif
 /* Tile of the blocked transpose. */
 #define TR_TILE 16
 /* Heads are spread over threads when there is at least this much work. */
@@ -68,7 +75,7 @@ static int64_t scratch_per_thread(const geom *g) {
  *   attn_bwd_S  dq, dk, dv of one head (each may be NULL)
  * A head is computed by one thread with its own scratch (ws). */
 #define ATTENTION_DEFINE(T, S)                                                                         \
-    static void mm_edge_##S(int64_t i0, int64_t i1, int64_t j0, int64_t N, int64_t K, T alpha, const T *A, \
+    FUSED_MULTIPLY_ADD static void mm_edge_##S(int64_t i0, int64_t i1, int64_t j0, int64_t N, int64_t K, T alpha, const T *A, \
                             int64_t ars, int64_t acs, const T *B, int64_t ldb, T *C, int64_t ldc) {    \
         for (int64_t i = i0; i < i1; i++) {                                                            \
             T *c = C + i * ldc;                                                                        \
@@ -80,7 +87,7 @@ static int64_t scratch_per_thread(const geom *g) {
             }                                                                                          \
         }                                                                                              \
     }                                                                                                  \
-    static void mm_##S(int64_t M, int64_t N, int64_t K, T alpha, const T *A, int64_t ars, int64_t acs,  \
+    FUSED_MULTIPLY_ADD static void mm_##S(int64_t M, int64_t N, int64_t K, T alpha, const T *A, int64_t ars, int64_t acs,  \
                        const T *B, int64_t ldb, T *C, int64_t ldc) {                                   \
         enum { W = sizeof(ts_vec_##S) / sizeof(T), NR = NV * W };                                      \
         int64_t Mf = M / MR * MR, Nf = N / NR * NR;                                                    \
