@@ -85,6 +85,12 @@ static void public_endpoint(const char *bound, char *out, size_t cap) {
 
 int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
                   char **argv) {
+    if (o->job.parallel.strategy != TS_STRATEGY_STANDIN) {
+        fprintf(stderr, "tessera-run --mpi: %s: strategy \"%s\" does not run under "
+                        "mpirun (only \"standin\" for now)\n",
+                o->job_path, ts_job_strategy_name(o->job.parallel.strategy));
+        return 2;
+    }
     MPI_Init(&argc, &argv);
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
