@@ -98,23 +98,14 @@ void ts_node_release(ts_node *node) {
 /* dst += src elementwise; same shape, any strides, float dtypes. */
 static void add_into(ts_tensor *dst, const ts_tensor *src) {
     int64_t n = ts_tensor_numel(dst);
-    if (dst->dtype == src->dtype && ts_tensor_is_contiguous(dst) && ts_tensor_is_contiguous(src)) {
-        if (dst->dtype == TS_F32) {
-            float *d = ts_f32(dst);
-            const float *s = ts_f32(src);
+    if (dst->dtype == TS_F32 && src->dtype == TS_F32 && ts_tensor_is_contiguous(dst) && ts_tensor_is_contiguous(src)) {
+        float *d = ts_f32(dst);
+        const float *s = ts_f32(src);
 #pragma omp parallel for simd if (n > 65536)
-            for (int64_t i = 0; i < n; i++) d[i] += s[i];
-            return;
-        }
-        if (dst->dtype == TS_F64) {
-            double *d = ts_f64(dst);
-            const double *s = ts_f64(src);
-#pragma omp parallel for simd if (n > 65536)
-            for (int64_t i = 0; i < n; i++) d[i] += s[i];
-            return;
-        }
+        for (int64_t i = 0; i < n; i++) d[i] += s[i];
+        return;
     }
-    for (int64_t i = 0; i < n; i++) ts_tensor_set(dst, i, ts_tensor_get(dst, i) + ts_tensor_get(src, i));
+    ts_tensor_add_(dst, src);
 }
 
 ts_status ts_grad_accumulate(ts_tensor **slot, const ts_tensor *src) {

@@ -257,6 +257,22 @@ ts_status ts_tensor_fill_(ts_tensor *t, double v) {
     return TS_OK;
 }
 
+/* Runs BODY for every element of same-shaped dst and src, one row of the
+ * last dim at a time: d and s are the storage offsets of the element (one
+ * div/mod walk per row, then stride steps). Rows run in parallel. */
+#define ROW_WALK(dst, src, BODY)                                                          \
+    do {                                                                                  \
+        int64_t last_ = (dst)->ndim ? (dst)->shape[(dst)->ndim - 1] : 1;                  \
+        int64_t rows_ = last_ ? ts_tensor_numel(dst) / last_ : 0;                         \
+        int64_t dstep_ = (dst)->ndim ? (dst)->strides[(dst)->ndim - 1] : 0;               \
+        int64_t sstep_ = (src)->ndim ? (src)->strides[(src)->ndim - 1] : 0;               \
+        _Pragma("omp parallel for if (rows_ * last_ > 32768)")                            \
+        for (int64_t r_ = 0; r_ < rows_; r_++) {                                          \
+            int64_t d = ts_tensor_offset_of(dst, r_ * last_), s = ts_tensor_offset_of(src, r_ * last_); \
+            for (int64_t j_ = 0; j_ < last_; j_++, d += dstep_, s += sstep_) BODY;        \
+        }                                                                                 \
+    } while (0)
+
 ts_status ts_tensor_copy_(ts_tensor *dst, const ts_tensor *src) {
     if (!ts_tensor_same_shape(dst, src))
         return ts_error(TS_ERR_SHAPE, "copy: destination %s and source %s differ", ts_shape_str(dst),
@@ -267,14 +283,30 @@ ts_status ts_tensor_copy_(ts_tensor *dst, const ts_tensor *src) {
         return TS_OK;
     }
     if (dst->dtype == TS_F32 && src->dtype == TS_F32) {
-#pragma omp parallel for if (n > 32768)
-        for (int64_t i = 0; i < n; i++)
-            ((float *)dst->storage->data)[ts_tensor_offset_of(dst, i)] =
-                ((const float *)src->storage->data)[ts_tensor_offset_of(src, i)];
+        float *dp = dst->storage->data;
+        const float *sp = src->storage->data;
+        ROW_WALK(dst, src, dp[d] = sp[s]);
         return TS_OK;
     }
-#pragma omp parallel for if (n > 32768)
-    for (int64_t i = 0; i < n; i++) store(dst, ts_tensor_offset_of(dst, i), load(src, ts_tensor_offset_of(src, i)));
+    ROW_WALK(dst, src, store(dst, d, load(src, s)));
+    return TS_OK;
+}
+
+ts_status ts_tensor_add_(ts_tensor *dst, const ts_tensor *src) {
+    if (!ts_tensor_same_shape(dst, src))
+        return ts_error(TS_ERR_SHAPE, "add_: destination %s and source %s differ", ts_shape_str(dst),
+                        ts_shape_str(src));
+    if (dst->dtype == TS_F32 && src->dtype == TS_F32) {
+        float *dp = dst->storage->data;
+        const float *sp = src->storage->data;
+        ROW_WALK(dst, src, dp[d] += sp[s]);
+    } else if (dst->dtype == TS_F64 && src->dtype == TS_F64) {
+        double *dp = dst->storage->data;
+        const double *sp = src->storage->data;
+        ROW_WALK(dst, src, dp[d] += sp[s]);
+    } else {
+        ROW_WALK(dst, src, store(dst, d, load(dst, d) + load(src, s)));
+    }
     return TS_OK;
 }
 

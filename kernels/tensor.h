@@ -126,6 +126,9 @@ int64_t ts_tensor_offset_of(const ts_tensor *t, int64_t i);
 /* Copies src into dst elementwise: same shape, any strides and dtypes
  * (converting). Not differentiable. */
 ts_status ts_tensor_copy_(ts_tensor *dst, const ts_tensor *src);
+/* dst += src elementwise: same shape, any strides and dtypes. Not
+ * differentiable. */
+ts_status ts_tensor_add_(ts_tensor *dst, const ts_tensor *src);
 /* Sets every element of t to v. Not differentiable. */
 ts_status ts_tensor_fill_(ts_tensor *t, double v);
 /* A contiguous copy of t with dtype dt (no autograd). */

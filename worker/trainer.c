@@ -147,6 +147,23 @@ ts_status ts_trainer_load(ts_trainer *t, const char *dir) {
     return st;
 }
 
+/* mkdir -p path. */
+static ts_status make_dirs(const char *path) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1;; p++) {
+        bool end = *p == '\0';
+        if (*p == '/' || end) {
+            *p = '\0';
+            if (mkdir(buf, 0755) && errno != EEXIST)
+                return ts_error(TS_ERR_IO, "trainer: cannot create run folder %s: %s", buf, strerror(errno));
+            if (end) break;
+            *p = '/';
+        }
+    }
+    return TS_OK;
+}
+
 ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const char *run_dir, bool resume) {
     ts_trainer *t = calloc(1, sizeof *t);
     if (!t) {
@@ -174,8 +191,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
         if (!t->model) st = ts_last_status();
     }
     if (!st) st = setup_optimizer(t);
-    if (!st && run_dir && mkdir(t->run_dir, 0755) && errno != EEXIST)
-        st = ts_error(TS_ERR_IO, "trainer: cannot create run folder %s: %s", t->run_dir, strerror(errno));
+    if (!st && run_dir) st = make_dirs(t->run_dir);
     if (!st && run_dir && resume) {
         char root[1100], dir[1200];
         int64_t step;
