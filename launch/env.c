@@ -9,6 +9,12 @@
 #if TESSERA_WITH_MPI
 #include <mpi.h>
 #endif
+#if TESSERA_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+#if TESSERA_WITH_NCCL
+#include <nccl.h>
+#endif
 
 int ts_launch_env(void) {
     int major, minor, patch;
@@ -18,7 +24,7 @@ int ts_launch_env(void) {
            TESSERA_WITH_NCCL ? "on" : "off", TESSERA_WITH_MPI ? "on" : "off");
     printf("  CPUs online: %ld\n", sysconf(_SC_NPROCESSORS_ONLN));
     printf("  threads: %d (TESSERA_NUM_THREADS), OpenMP max %d\n", ts_threads_get(), omp_get_max_threads());
-    printf("  BLAS: OpenBLAS %s, %d threads\n", ts_threads_blas_config(), ts_threads_blas_threads());
+    printf("  BLAS: %s, %d threads\n", ts_threads_blas_config(), ts_threads_blas_threads());
     printf("  ZeroMQ %d.%d.%d, CURVE %s\n", major, minor, patch, zmq_has("curve") ? "available" : "NOT available");
 #if TESSERA_WITH_MPI
     char version[MPI_MAX_LIBRARY_VERSION_STRING];
@@ -34,9 +40,29 @@ int ts_launch_env(void) {
     printf("  MPI: not built\n");
 #endif
 #if TESSERA_WITH_CUDA
-    printf("  CUDA: built; devices are listed by the CUDA backend\n");
+    int runtime = 0, driver = 0, count = 0;
+    cudaRuntimeGetVersion(&runtime);
+    cudaDriverGetVersion(&driver);
+    cudaError_t err = cudaGetDeviceCount(&count);
+    printf("  CUDA: runtime %d.%d, driver %d.%d\n", runtime / 1000, runtime % 1000 / 10, driver / 1000,
+           driver % 1000 / 10);
+    if (err != cudaSuccess || count == 0)
+        printf("    no CUDA device (%s)\n", err != cudaSuccess ? cudaGetErrorString(err) : "none found");
+    for (int d = 0; d < count; d++) {
+        struct cudaDeviceProp p;
+        if (cudaGetDeviceProperties(&p, d) == cudaSuccess)
+            printf("    device %d: %s, %.1f GiB, compute capability %d.%d\n", d, p.name,
+                   (double)p.totalGlobalMem / (1 << 30), p.major, p.minor);
+    }
 #else
     printf("  CUDA: not built (no CUDA device)\n");
+#endif
+#if TESSERA_WITH_NCCL
+    int nccl = 0;
+    ncclGetVersion(&nccl);
+    printf("  NCCL: %d.%d.%d\n", nccl / 10000, nccl / 100 % 100, nccl % 100);
+#else
+    printf("  NCCL: not built\n");
 #endif
     return 0;
 }
