@@ -155,6 +155,10 @@ static ts_status conv2d_backward(ts_node *n, ts_tensor *grad, ts_tensor **gin) {
         ts_tensor *dw2 = gin[1] ? as_shape(gin[1], 2, (int64_t[]){g.O, CKK}) : NULL;
         st = dw2 ? ts_matmul_into(dw2, g3, colT, false) : ts_last_status();
         ts_tensor_release(dw2);
+        /* free the columns before dcol (same size) is allocated */
+        ts_tensor_release(colT);
+        ts_tensor_release(col);
+        colT = col = NULL;
     }
     if (!st && ts_node_wants(n, 0)) { /* dcol = Wᵀ · g_n, then col2im */
         wd = dense(w);
