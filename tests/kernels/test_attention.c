@@ -76,7 +76,8 @@ static void test_gradcheck(void **state) {
     (void)state;
     struct {
         int64_t B, H, Tq, Tk, D, Dv;
-    } cases[] = {{1, 1, 4, 4, 3, 3}, {2, 2, 3, 3, 2, 4}, {1, 2, 5, 3, 2, 2}, {1, 1, 2, 6, 3, 2}};
+    } cases[] = {{1, 1, 4, 4, 3, 3}, {2, 2, 3, 3, 2, 4}, {1, 2, 5, 3, 2, 2}, {1, 1, 2, 6, 3, 2},
+                 {1, 2, 91, 91, 2, 2}}; /* the last: threaded path, two row blocks, full tiles */
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (int causal = 0; causal < 2; causal++) {
             ts_tensor *in[3] = {leaf(10 + c, SHAPE(cases[c].B, cases[c].H, cases[c].Tq, cases[c].D)),

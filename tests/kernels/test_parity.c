@@ -201,11 +201,19 @@ static void build_cases(manifest *m) {
     }
     {
         const char *nm[] = {"q", "k", "v"};
-        for (int causal = 0; causal < 2; causal++) {
-            ts_tensor *in[] = {randn(17, SHAPE(2, 3, 33, 16)), randn(18, SHAPE(2, 3, 33, 16)),
-                               randn(19, SHAPE(2, 3, 33, 16))};
-            run_case(m, causal ? "attention causal" : "attention", "attention",
-                     json_pack("{s:b, s:f}", "causal", causal, "scale", 0.0), attention_fn, 3, nm, in);
+        struct {
+            const char *name;
+            int64_t tq, tk, d;
+            int causal;
+        } ac[] = {{"attention", 33, 33, 16, 0},
+                  {"attention causal", 33, 33, 16, 1},
+                  {"attention causal T130", 130, 130, 24, 1}, /* several row blocks */
+                  {"attention Tq 20 Tk 70", 20, 70, 8, 0}};
+        for (int c = 0; c < 4; c++) {
+            ts_tensor *in[] = {randn(17, SHAPE(2, 3, ac[c].tq, ac[c].d)), randn(18, SHAPE(2, 3, ac[c].tk, ac[c].d)),
+                               randn(19, SHAPE(2, 3, ac[c].tk, ac[c].d))};
+            run_case(m, ac[c].name, "attention", json_pack("{s:b, s:f}", "causal", ac[c].causal, "scale", 0.0),
+                     attention_fn, 3, nm, in);
             release_all(3, in);
         }
     }
