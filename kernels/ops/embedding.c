@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "kernels/autograd.h"
+#include "kernels/ops/cpu/rowmath.h"
 #include "kernels/ops/view.h"
 
 /* Work below this many elements stays on one thread. */
@@ -21,7 +22,7 @@
         for (int64_t i = 0; i < n; i++) {                                                              \
             T *dst = gt + idx[i] * D;                                                                  \
             const T *src = g + i * D;                                                                  \
-            _Pragma("omp simd") for (int64_t j = 0; j < D; j++) dst[j] += src[j];                      \
+            TS_SIMD_##S() for (int64_t j = 0; j < D; j++) dst[j] += src[j];                      \
         }                                                                                              \
     }
 

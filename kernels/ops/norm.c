@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "kernels/autograd.h"
+#include "kernels/ops/cpu/rowmath.h"
 #include "kernels/ops/view.h"
 
 /* Work below this many elements stays on one thread. */
@@ -22,17 +23,17 @@
             const T *xr = x + r * D;                                                                   \
             T *yr = y + r * D;                                                                         \
             T s = 0, v = 0;                                                                            \
-            _Pragma("omp simd reduction(+ : s)") for (int64_t j = 0; j < D; j++) s += xr[j];           \
+            TS_SIMD_##S(reduction(+ : s)) for (int64_t j = 0; j < D; j++) s += xr[j];           \
             T mu = s / (T)D;                                                                           \
-            _Pragma("omp simd reduction(+ : v)") for (int64_t j = 0; j < D; j++) v +=                  \
+            TS_SIMD_##S(reduction(+ : v)) for (int64_t j = 0; j < D; j++) v +=                  \
                 (xr[j] - mu) * (xr[j] - mu);                                                           \
             T rs = (T)1 / (T)sqrt((double)(v / (T)D + eps));                                           \
             mean[r] = mu;                                                                              \
             rstd[r] = rs;                                                                              \
             if (w && b) {                                                                              \
-                _Pragma("omp simd") for (int64_t j = 0; j < D; j++) yr[j] = (xr[j] - mu) * rs * w[j] + b[j]; \
+                TS_SIMD_##S() for (int64_t j = 0; j < D; j++) yr[j] = (xr[j] - mu) * rs * w[j] + b[j]; \
             } else {                                                                                   \
-                _Pragma("omp simd") for (int64_t j = 0; j < D; j++) yr[j] =                            \
+                TS_SIMD_##S() for (int64_t j = 0; j < D; j++) yr[j] =                            \
                     (xr[j] - mu) * rs * (w ? w[j] : (T)1) + (b ? b[j] : (T)0);                         \
             }                                                                                          \
         }                                                                                              \
@@ -44,7 +45,7 @@
             _Pragma("omp for schedule(static)") for (int64_t r = 0; r < R; r++) {                      \
                 const T *xr = x + r * D, *gr = g + r * D;                                              \
                 T mu = mean[r], rs = rstd[r], a = 0, c = 0;                                            \
-                _Pragma("omp simd reduction(+ : a, c)") for (int64_t j = 0; j < D; j++) {              \
+                TS_SIMD_##S(reduction(+ : a, c)) for (int64_t j = 0; j < D; j++) {              \
                     T xh = (xr[j] - mu) * rs, gw = gr[j] * (w ? w[j] : (T)1);                          \
                     a += gw;                                                                           \
                     c += gw * xh;                                                                      \
@@ -55,7 +56,7 @@
                 c /= (T)D;                                                                             \
                 if (dx) {                                                                              \
                     T *dr = dx + r * D;                                                                \
-                    _Pragma("omp simd") for (int64_t j = 0; j < D; j++) {                              \
+                    TS_SIMD_##S() for (int64_t j = 0; j < D; j++) {                              \
                         T xh = (xr[j] - mu) * rs;                                                      \
                         dr[j] = rs * (gr[j] * (w ? w[j] : (T)1) - a - xh * c);                         \
                     }                                                                                  \
@@ -67,7 +68,7 @@
     static void ln_reduce_##S(T *part, int nthreads, int64_t D) {                                      \
         for (int t = 1; t < nthreads; t++) {                                                           \
             const T *src = part + (int64_t)t * 2 * D;                                                  \
-            _Pragma("omp simd") for (int64_t j = 0; j < 2 * D; j++) part[j] += src[j];                 \
+            TS_SIMD_##S() for (int64_t j = 0; j < 2 * D; j++) part[j] += src[j];                 \
         }                                                                                              \
     }
 

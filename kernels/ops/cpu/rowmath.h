@@ -1,5 +1,5 @@
 /* rowmath.h - shared inner loops of the row-wise fused ops (softmax,
- * cross-entropy, attention): the maximum of a row, exp of a shifted row and
+ * layernorm, cross-entropy, embedding, attention): the maximum of a row, exp of a shifted row and
  * a vectorisable single-precision exp.
  *
  * Private to kernels/ops: static inline helpers, instantiated for float (_f)
@@ -48,6 +48,11 @@ static inline double ts_exp_d(double x) { return exp(x); }
  * for double (S = d), whose loops call libm's exp and only serve gradient
  * checks; so every requested vectorisation can be honoured. */
 #define TS_PRAGMA(x) _Pragma(#x)
+/* The simd requests are hints: under sanitizer instrumentation clang cannot
+ * honour them and would report each loop (-Wpass-failed). */
+#if defined(__clang__)
+#pragma clang diagnostic ignored "-Wpass-failed"
+#endif
 #define TS_SIMD_f(...) TS_PRAGMA(omp simd __VA_ARGS__)
 #define TS_SIMD_d(...)
 
