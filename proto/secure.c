@@ -90,8 +90,9 @@ static ts_status parse_keys(const char *path, char *text, ts_secure_keys *k) {
             line[--len] = '\0';
         while (*line == ' ' || *line == '\t') line++;
         if (*line == '\0' || *line == '#') continue;
-        char *colon = strchr(line, ':');
-        if (!colon)
+        /* a name is letters, digits and dashes; Z85 keys may hold ':' */
+        char *colon = line + strspn(line, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-");
+        if (*colon != ':')
             return ts_error(TS_ERR_FORMAT, "secure: key file %s line %d: expected 'name: key'",
                             path, lineno);
         *colon = '\0';
