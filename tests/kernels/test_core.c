@@ -169,6 +169,25 @@ static void test_backward_errors_and_accumulation(void **state) {
     ts_tensor_release(z);
 }
 
+static void test_print_shows_dtype_shape_device_values(void **state) {
+    (void)state;
+    ts_tensor *small = ts_tensor_arange(TS_F32, 0, 4, 1);
+    ts_tensor *big = ts_tensor_arange(TS_I64, 0, 1000, 1);
+    char buf[4096] = {0};
+    FILE *f = tmpfile();
+    ts_tensor_print(f, small, "x");
+    ts_tensor_print(f, big, NULL);
+    rewind(f);
+    fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    assert_non_null(strstr(buf, "x = tensor(dtype=f32, shape=[4], device=cpu)"));
+    assert_non_null(strstr(buf, "0 1 2 3"));
+    assert_non_null(strstr(buf, "tensor(dtype=i64, shape=[1000], device=cpu)"));
+    assert_non_null(strstr(buf, "0 1 2 ... 997 998 999")); /* summarised */
+    ts_tensor_release(small);
+    ts_tensor_release(big);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_creation_and_access),
@@ -178,6 +197,7 @@ int main(void) {
         cmocka_unit_test(test_views_share_storage),
         cmocka_unit_test(test_gradcheck_views),
         cmocka_unit_test(test_backward_errors_and_accumulation),
+        cmocka_unit_test(test_print_shows_dtype_shape_device_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
