@@ -1,11 +1,12 @@
-/* conv.c - conv2d via im2col + GEMM, backward via GEMM + col2im. */
+/* conv.c - conv2d via chunked im2col + GEMM, backward via GEMM + col2im. */
 #include "kernels/ops/conv.h"
 
+#include <cblas.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/autograd.h"
-#include "kernels/ops/matmul.h"
 
 /* Sizes of one convolution. */
 typedef struct {
@@ -28,68 +29,96 @@ static void valid_range(int64_t k, int64_t s, int64_t p, int64_t d, int64_t in, 
     *hi = h;
 }
 
-/* im2col: col[n][(c*KH + kh)*KW + kw][oh*Wo + ow] = x[n][c][ih][iw] (0 in the
- * padding). col2im: the adjoint, dx[n][c][ih][iw] += dcol[...]. Each (n, c)
- * pair owns its rows of col and its plane of x, so both run in parallel over
- * (n, c). */
-#define CONV_KERNELS(T)                                                                                  \
-    static void im2col_##T(const conv_geom *g, const T *x, T *col) {                                     \
-        int64_t L = g->Ho * g->Wo, planes = g->N * g->C;                                                 \
-        _Pragma("omp parallel for schedule(static) if (planes * g->KH * g->KW * L > CONV_OMP_MIN)")      \
-        for (int64_t p = 0; p < planes; p++) {                                                           \
-            const T *xp = x + p * g->H * g->W;                                                           \
-            T *cp = col + p * g->KH * g->KW * L; /* (n, c) rows are adjacent: n*C*KK + c*KK */           \
+/* The batch is processed in chunks of nb images so the column buffer stays
+ * small and in cache: the columns of a chunk are one [CKK, nb*L] matrix
+ * (row (c*KH + kh)*KW + kw, column s*L + oh*Wo + ow for image s of the
+ * chunk), so each chunk is one GEMM with a wide inner size. */
+#define CONV_CHUNK_BYTES (1 << 20)
+
+/* Images per chunk: as many as fit CONV_CHUNK_BYTES of columns, >= 1. */
+static int64_t chunk_images(const conv_geom *g, size_t elem) {
+    int64_t per = g->C * g->KH * g->KW * g->Ho * g->Wo * (int64_t)elem;
+    int64_t nb = CONV_CHUNK_BYTES / (per > 0 ? per : 1);
+    return nb < 1 ? 1 : nb > g->N ? g->N : nb;
+}
+
+/* im2col of images [n0, n0 + nb): col[r][s*L + l] = x[n0 + s][c][ih][iw]
+ * (0 in the padding); ld = nb*L. col2im: the adjoint, dx[...] = sum of the
+ * dcol entries that read it (dx planes of the chunk are overwritten). Each
+ * (image, channel) pair owns its rows of col and its plane of x, so both run
+ * in parallel over them. Stride-1 rows are copied as one run. */
+#define CONV_KERNELS(T, GEMM)                                                                            \
+    static void im2col_##T(const conv_geom *g, const T *x, int64_t n0, int64_t nb, T *col) {             \
+        int64_t L = g->Ho * g->Wo, ld = nb * L, work = nb * g->C;                                        \
+        _Pragma("omp parallel for schedule(static) if (work * g->KH * g->KW * L > CONV_OMP_MIN)")        \
+        for (int64_t p = 0; p < work; p++) {                                                             \
+            int64_t s = p / g->C, c = p % g->C;                                                          \
+            const T *xp = x + ((n0 + s) * g->C + c) * g->H * g->W;                                       \
             for (int64_t kh = 0; kh < g->KH; kh++)                                                       \
                 for (int64_t kw = 0; kw < g->KW; kw++) {                                                 \
-                    T *row = cp + (kh * g->KW + kw) * L;                                                 \
-                    int64_t lo, hi;                                                                      \
+                    T *row = col + ((c * g->KH + kh) * g->KW + kw) * ld + s * L;                         \
+                    int64_t lo, hi, off = kw * g->dw - g->pw;                                            \
                     valid_range(kw, g->sw, g->pw, g->dw, g->W, g->Wo, &lo, &hi);                         \
                     for (int64_t oh = 0; oh < g->Ho; oh++) {                                             \
                         T *r = row + oh * g->Wo;                                                         \
                         int64_t ih = oh * g->sh - g->ph + kh * g->dh;                                    \
-                        if (ih < 0 || ih >= g->H) {                                                      \
+                        if (ih < 0 || ih >= g->H || lo >= hi) {                                          \
                             memset(r, 0, sizeof(T) * (size_t)g->Wo);                                     \
                             continue;                                                                    \
                         }                                                                                \
-                        const T *xr = xp + ih * g->W;                                                    \
-                        int64_t off = kw * g->dw - g->pw;                                                \
-                        for (int64_t ow = 0; ow < lo; ow++) r[ow] = 0;                                   \
-                        for (int64_t ow = lo; ow < hi; ow++) r[ow] = xr[ow * g->sw + off];               \
-                        for (int64_t ow = hi; ow < g->Wo; ow++) r[ow] = 0;                               \
+                        const T *xr = xp + ih * g->W + off;                                              \
+                        memset(r, 0, sizeof(T) * (size_t)lo);                                            \
+                        if (g->sw == 1) memcpy(r + lo, xr + lo, sizeof(T) * (size_t)(hi - lo));          \
+                        else                                                                             \
+                            for (int64_t ow = lo; ow < hi; ow++) r[ow] = xr[ow * g->sw];                 \
+                        memset(r + hi, 0, sizeof(T) * (size_t)(g->Wo - hi));                             \
                     }                                                                                    \
                 }                                                                                        \
         }                                                                                                \
     }                                                                                                    \
-    static void col2im_##T(const conv_geom *g, const T *col, T *dx) {                                    \
-        int64_t L = g->Ho * g->Wo, planes = g->N * g->C;                                                 \
-        _Pragma("omp parallel for schedule(static) if (planes * g->KH * g->KW * L > CONV_OMP_MIN)")      \
-        for (int64_t p = 0; p < planes; p++) {                                                           \
-            T *xp = dx + p * g->H * g->W;                                                                \
-            const T *cp = col + p * g->KH * g->KW * L;                                                   \
+    static void col2im_##T(const conv_geom *g, const T *col, int64_t n0, int64_t nb, T *dx) {            \
+        int64_t L = g->Ho * g->Wo, ld = nb * L, work = nb * g->C;                                        \
+        _Pragma("omp parallel for schedule(static) if (work * g->KH * g->KW * L > CONV_OMP_MIN)")        \
+        for (int64_t p = 0; p < work; p++) {                                                             \
+            int64_t s = p / g->C, c = p % g->C;                                                          \
+            T *xp = dx + ((n0 + s) * g->C + c) * g->H * g->W;                                            \
             memset(xp, 0, sizeof(T) * (size_t)(g->H * g->W));                                            \
             for (int64_t kh = 0; kh < g->KH; kh++)                                                       \
                 for (int64_t kw = 0; kw < g->KW; kw++) {                                                 \
-                    const T *row = cp + (kh * g->KW + kw) * L;                                           \
-                    int64_t lo, hi;                                                                      \
+                    const T *row = col + ((c * g->KH + kh) * g->KW + kw) * ld + s * L;                   \
+                    int64_t lo, hi, off = kw * g->dw - g->pw;                                            \
                     valid_range(kw, g->sw, g->pw, g->dw, g->W, g->Wo, &lo, &hi);                         \
                     for (int64_t oh = 0; oh < g->Ho; oh++) {                                             \
                         int64_t ih = oh * g->sh - g->ph + kh * g->dh;                                    \
                         if (ih < 0 || ih >= g->H) continue;                                              \
                         const T *r = row + oh * g->Wo;                                                   \
-                        T *xr = xp + ih * g->W;                                                          \
-                        int64_t off = kw * g->dw - g->pw;                                                \
-                        for (int64_t ow = lo; ow < hi; ow++) xr[ow * g->sw + off] += r[ow];              \
+                        T *xr = xp + ih * g->W + off;                                                    \
+                        for (int64_t ow = lo; ow < hi; ow++) xr[ow * g->sw] += r[ow];                    \
                     }                                                                                    \
                 }                                                                                        \
         }                                                                                                \
     }                                                                                                    \
-    /* out[n][o][l] += bias[o] */                                                                        \
-    static void add_bias_##T(const conv_geom *g, const T *bias, T *out) {                                \
-        int64_t L = g->Ho * g->Wo, rows = g->N * g->O;                                                   \
+    /* out[n0 + s][o][l] = y[o][s*L + l] (+ bias[o]): the chunk's GEMM result                         \
+     * moved to NCHW. */                                                                                 \
+    static void scatter_out_##T(const conv_geom *g, const T *y, const T *bias, int64_t n0, int64_t nb,   \
+                                T *out) {                                                                \
+        int64_t L = g->Ho * g->Wo, rows = nb * g->O;                                                     \
         _Pragma("omp parallel for schedule(static) if (rows * L > CONV_OMP_MIN)")                        \
         for (int64_t r = 0; r < rows; r++) {                                                             \
-            T b = bias[r % g->O], *o = out + r * L;                                                      \
-            for (int64_t l = 0; l < L; l++) o[l] += b;                                                   \
+            int64_t s = r / g->O, o = r % g->O;                                                          \
+            const T *src = y + o * nb * L + s * L;                                                       \
+            T *dst = out + ((n0 + s) * g->O + o) * L, b = bias ? bias[o] : (T)0;                         \
+            for (int64_t l = 0; l < L; l++) dst[l] = src[l] + b;                                         \
+        }                                                                                                \
+    }                                                                                                    \
+    /* gt[o][s*L + l] = dout[n0 + s][o][l]: the chunk's output gradient as a                          \
+     * GEMM operand. */                                                                                  \
+    static void gather_grad_##T(const conv_geom *g, const T *dout, int64_t n0, int64_t nb, T *gt) {      \
+        int64_t L = g->Ho * g->Wo, rows = nb * g->O;                                                     \
+        _Pragma("omp parallel for schedule(static) if (rows * L > CONV_OMP_MIN)")                        \
+        for (int64_t r = 0; r < rows; r++) {                                                             \
+            int64_t s = r / g->O, o = r % g->O;                                                          \
+            memcpy(gt + o * nb * L + s * L, dout + ((n0 + s) * g->O + o) * L, sizeof(T) * (size_t)L);   \
         }                                                                                                \
     }                                                                                                    \
     /* db[o] = sum over n, l of dout[n][o][l] */                                                         \
@@ -104,12 +133,52 @@ static void valid_range(int64_t k, int64_t s, int64_t p, int64_t d, int64_t in, 
             }                                                                                            \
             db[o] = (T)s;                                                                                \
         }                                                                                                \
+    }                                                                                                    \
+    /* out = conv(x, w) + bias, chunk by chunk; work holds the columns and                             \
+     * the GEMM result of one chunk. */                                                                  \
+    static void conv_fwd_##T(const conv_geom *g, const T *x, const T *w, const T *bias, T *out, T *work) { \
+        int64_t L = g->Ho * g->Wo, CKK = g->C * g->KH * g->KW, nb = chunk_images(g, sizeof(T));          \
+        for (int64_t n0 = 0; n0 < g->N; n0 += nb) {                                                      \
+            int64_t m = g->N - n0 < nb ? g->N - n0 : nb;                                                 \
+            T *col = work, *y = work + CKK * m * L;                                                      \
+            im2col_##T(g, x, n0, m, col);                                                                \
+            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)g->O, (int)(m * L), (int)CKK, 1, w,      \
+                 (int)CKK, col, (int)(m * L), 0, y, (int)(m * L));                                       \
+            scatter_out_##T(g, y, bias, n0, m, out);                                                     \
+        }                                                                                                \
+    }                                                                                                    \
+    /* dw = sum_n dout_n · col_nᵀ (when dw), dx = col2im(wᵀ · dout_n) (when                            \
+     * dx), chunk by chunk; work as in conv_fwd. */                                                      \
+    static void conv_bwd_##T(const conv_geom *g, const T *x, const T *w, const T *dout, T *dw, T *dx,    \
+                             T *work) {                                                                  \
+        int64_t L = g->Ho * g->Wo, CKK = g->C * g->KH * g->KW, nb = chunk_images(g, sizeof(T));          \
+        for (int64_t n0 = 0; n0 < g->N; n0 += nb) {                                                      \
+            int64_t m = g->N - n0 < nb ? g->N - n0 : nb;                                                 \
+            T *col = work, *gt = work + CKK * m * L;                                                     \
+            gather_grad_##T(g, dout, n0, m, gt);                                                         \
+            if (dw) {                                                                                    \
+                im2col_##T(g, x, n0, m, col);                                                            \
+                GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g->O, (int)CKK, (int)(m * L), 1, gt,   \
+                     (int)(m * L), col, (int)(m * L), n0 ? 1 : 0, dw, (int)CKK);                         \
+            }                                                                                            \
+            if (dx) {                                                                                    \
+                GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)CKK, (int)(m * L), (int)g->O, 1, w,    \
+                     (int)CKK, gt, (int)(m * L), 0, col, (int)(m * L));                                  \
+                col2im_##T(g, col, n0, m, dx);                                                           \
+            }                                                                                            \
+        }                                                                                                \
     }
 
-CONV_KERNELS(float)
-CONV_KERNELS(double)
+CONV_KERNELS(float, cblas_sgemm)
+CONV_KERNELS(double, cblas_dgemm)
 
 #define DISPATCH(dt, fn, ...) ((dt) == TS_F32 ? fn##_float(__VA_ARGS__) : fn##_double(__VA_ARGS__))
+
+/* Elements of the per-chunk work buffer: columns + GEMM result of a chunk. */
+static int64_t work_elems(const conv_geom *g, size_t elem) {
+    int64_t nb = chunk_images(g, elem), L = g->Ho * g->Wo;
+    return (g->C * g->KH * g->KW + g->O) * nb * L;
+}
 
 ts_conv2d_opts ts_conv2d_default_opts(void) {
     return (ts_conv2d_opts){.stride_h = 1, .stride_w = 1, .pad_h = 0, .pad_w = 0, .dil_h = 1, .dil_w = 1, .groups = 1};
@@ -120,64 +189,43 @@ static ts_tensor *dense(const ts_tensor *t) {
     return ts_tensor_is_contiguous(t) ? ts_tensor_retain((ts_tensor *)t) : ts_tensor_copy_as(t, t->dtype);
 }
 
-/* A history-free view of contiguous t with another shape. */
-static ts_tensor *as_shape(const ts_tensor *t, int nd, const int64_t *shape) {
-    return ts_tensor_from_storage(t->storage, t->dtype, t->offset, nd, shape, NULL);
-}
-
-/* The columns of contiguous x: a new [N, C*KH*KW, Ho*Wo] tensor. */
-static ts_tensor *unfold(const conv_geom *g, const ts_tensor *x) {
-    ts_tensor *col = ts_tensor_empty(x->dtype, 3, (int64_t[]){g->N, g->C * g->KH * g->KW, g->Ho * g->Wo});
-    if (col) DISPATCH(x->dtype, im2col, g, ts_tensor_data(x), ts_tensor_data(col));
-    return col;
+/* One work buffer (see conv_fwd) for g, as a tensor so the allocator
+ * counts it. */
+static ts_tensor *work_buffer(const conv_geom *g, ts_dtype dt) {
+    return ts_tensor_empty(dt, 1, (int64_t[]){work_elems(g, ts_dtype_size(dt))});
 }
 
 static void geom_from_node(const ts_node *n, conv_geom *g) { memcpy(g, n->ctx, sizeof *g); }
 
+/* The input x of the first conv of a network needs no gradient, so no
+ * input-gradient GEMM or col2im runs for it. */
 static ts_status conv2d_backward(ts_node *n, ts_tensor *grad, ts_tensor **gin) {
     conv_geom g;
     geom_from_node(n, &g);
     ts_tensor *x = n->inputs[0], *w = n->inputs[1];
-    int64_t CKK = g.C * g.KH * g.KW, L = g.Ho * g.Wo;
-    ts_tensor *gd = dense(grad), *g3 = NULL, *col = NULL, *colT = NULL, *wd = NULL, *w2 = NULL, *wT = NULL;
-    ts_tensor *dcol = NULL;
-    ts_status st = gd ? TS_OK : ts_last_status();
-    if (!st) g3 = as_shape(gd, 3, (int64_t[]){g.N, g.O, L});
-    if (!st && !g3) st = ts_last_status();
-    if (!st && ts_node_wants(n, 1)) { /* dW [O, CKK] = sum_n g_n · col_nᵀ */
-        ts_tensor *xd = dense(x);
-        col = xd ? unfold(&g, xd) : NULL;
-        ts_tensor_release(xd);
-        colT = col ? ts_tensor_from_storage(col->storage, col->dtype, 0, 3, (int64_t[]){g.N, L, CKK},
-                                            (int64_t[]){CKK * L, 1, L})
-                   : NULL;
-        gin[1] = colT ? ts_tensor_empty(w->dtype, 4, w->shape) : NULL;
-        ts_tensor *dw2 = gin[1] ? as_shape(gin[1], 2, (int64_t[]){g.O, CKK}) : NULL;
-        st = dw2 ? ts_matmul_into(dw2, g3, colT, false) : ts_last_status();
-        ts_tensor_release(dw2);
-        /* free the columns before dcol (same size) is allocated */
-        ts_tensor_release(colT);
-        ts_tensor_release(col);
-        colT = col = NULL;
-    }
-    if (!st && ts_node_wants(n, 0)) { /* dcol = Wᵀ · g_n, then col2im */
-        wd = dense(w);
-        w2 = wd ? as_shape(wd, 2, (int64_t[]){g.O, CKK}) : NULL;
-        wT = w2 ? ts_tensor_from_storage(w2->storage, w2->dtype, w2->offset, 2, (int64_t[]){CKK, g.O},
-                                         (int64_t[]){1, CKK})
-                : NULL;
-        dcol = wT ? ts_tensor_empty(x->dtype, 3, (int64_t[]){g.N, CKK, L}) : NULL;
-        st = dcol ? ts_matmul_into(dcol, wT, g3, false) : ts_last_status();
-        if (!st) gin[0] = ts_tensor_empty(x->dtype, 4, x->shape);
-        if (!st && !gin[0]) st = ts_last_status();
-        if (!st) DISPATCH(x->dtype, col2im, &g, ts_tensor_data(dcol), ts_tensor_data(gin[0]));
+    bool want_x = ts_node_wants(n, 0), want_w = ts_node_wants(n, 1);
+    ts_tensor *gd = dense(grad), *xd = NULL, *wd = NULL, *work = NULL;
+    ts_status st = TS_OK;
+    if (gd && (want_x || want_w)) {
+        xd = want_w ? dense(x) : NULL;
+        wd = want_x ? dense(w) : NULL;
+        work = (!want_w || xd) && (!want_x || wd) ? work_buffer(&g, x->dtype) : NULL;
+        if (work && want_w) gin[1] = ts_tensor_empty(w->dtype, 4, w->shape);
+        if (work && want_x) gin[0] = ts_tensor_empty(x->dtype, 4, x->shape);
+        if (!work || (want_w && !gin[1]) || (want_x && !gin[0])) st = ts_last_status();
+        else
+            DISPATCH(x->dtype, conv_bwd, &g, xd ? ts_tensor_data(xd) : NULL, wd ? ts_tensor_data(wd) : NULL,
+                     ts_tensor_data(gd), want_w ? ts_tensor_data(gin[1]) : NULL,
+                     want_x ? ts_tensor_data(gin[0]) : NULL, ts_tensor_data(work));
+    } else if (!gd) {
+        st = ts_last_status();
     }
     if (!st && n->n_inputs > 2 && ts_node_wants(n, 2)) {
         gin[2] = ts_tensor_empty(grad->dtype, 1, (int64_t[]){g.O});
         if (gin[2]) DISPATCH(grad->dtype, bias_grad, &g, ts_tensor_data(gd), ts_tensor_data(gin[2]));
         else st = ts_last_status();
     }
-    ts_tensor *tmp[] = {gd, g3, col, colT, wd, w2, wT, dcol};
+    ts_tensor *tmp[] = {gd, xd, wd, work};
     for (size_t i = 0; i < sizeof tmp / sizeof tmp[0]; i++) ts_tensor_release(tmp[i]);
     return st;
 }
@@ -227,22 +275,15 @@ ts_tensor *ts_conv2d(ts_tensor *x, ts_tensor *w, ts_tensor *bias, const ts_conv2
     ts_conv2d_opts defaults = ts_conv2d_default_opts();
     conv_geom g;
     if (conv_check(x, w, bias, opts ? opts : &defaults, &g)) return NULL;
-    int64_t CKK = g.C * g.KH * g.KW, L = g.Ho * g.Wo;
-    ts_tensor *xd = dense(x), *wd = dense(w);
-    ts_tensor *col = xd ? unfold(&g, xd) : NULL;
-    ts_tensor *w2 = wd ? as_shape(wd, 2, (int64_t[]){g.O, CKK}) : NULL;
-    ts_tensor *out = col && w2 ? ts_tensor_empty(x->dtype, 4, (int64_t[]){g.N, g.O, g.Ho, g.Wo}) : NULL;
-    ts_tensor *o3 = out ? as_shape(out, 3, (int64_t[]){g.N, g.O, L}) : NULL;
-    ts_status st = o3 ? ts_matmul_into(o3, w2, col, false) : ts_last_status();
-    ts_tensor *bd = !st && bias ? dense(bias) : NULL;
-    if (bd) DISPATCH(x->dtype, add_bias, &g, ts_tensor_data(bd), ts_tensor_data(out));
-    else if (bias && !st) st = ts_last_status();
-    ts_tensor *tmp[] = {xd, wd, col, w2, o3, bd};
+    ts_tensor *xd = dense(x), *wd = dense(w), *bd = bias ? dense(bias) : NULL;
+    ts_tensor *work = xd && wd && (!bias || bd) ? work_buffer(&g, x->dtype) : NULL;
+    ts_tensor *out = work ? ts_tensor_empty(x->dtype, 4, (int64_t[]){g.N, g.O, g.Ho, g.Wo}) : NULL;
+    if (out)
+        DISPATCH(x->dtype, conv_fwd, &g, ts_tensor_data(xd), ts_tensor_data(wd), bd ? ts_tensor_data(bd) : NULL,
+                 ts_tensor_data(out), ts_tensor_data(work));
+    ts_tensor *tmp[] = {xd, wd, bd, work};
     for (size_t i = 0; i < sizeof tmp / sizeof tmp[0]; i++) ts_tensor_release(tmp[i]);
-    if (st) {
-        ts_tensor_release(out);
-        return NULL;
-    }
+    if (!out) return NULL;
     ts_tensor *in[3] = {x, w, bias};
     ts_node *n = ts_autograd_record(out, "conv2d", conv2d_backward, bias ? 3 : 2, in);
     if (n) {
