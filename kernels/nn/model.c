@@ -6,6 +6,8 @@
 
 #include "kernels/autograd.h"
 #include "kernels/nn/module.h"
+#include "kernels/ops/view.h"
+#include "kernels/optim/mixed.h"
 
 ts_model *ts_model_new(void) {
     ts_model *m = calloc(1, sizeof *m);
@@ -15,13 +17,17 @@ ts_model *ts_model_new(void) {
     }
     m->training = true;
     m->dtype = TS_F32;
+    m->compute_dtype = TS_F32;
     m->dropout_key = ts_key_from_seed(0);
     return m;
 }
 
+static void drop_compute(ts_model *m);
+
 void ts_model_free(ts_model *m) {
     if (!m) return;
     ts_module_free(m->root);
+    drop_compute(m);
     for (int i = 0; i < m->n_params; i++) ts_tensor_release(m->params[i].value);
     free(m->params);
     ts_tensor_release(m->flat_params);
@@ -130,7 +136,92 @@ ts_status ts_model_finalize(ts_model *m, ts_key key) {
     return TS_OK;
 }
 
-ts_tensor *ts_model_param(const ts_model *m, int i) { return m->params[i].value; }
+/* ---- bf16 compute copy ---- */
+
+/* Releases the cached f32 tensors the forwards used. */
+static void release_cached(ts_model *m) {
+    for (int i = 0; i < m->n_params; i++) {
+        ts_tensor_release(m->params[i].compute);
+        m->params[i].compute = NULL;
+    }
+}
+
+/* Frees the bf16 buffers, leaves and caches: back to f32 compute. */
+static void drop_compute(ts_model *m) {
+    release_cached(m);
+    for (int i = 0; i < m->n_params; i++) {
+        ts_tensor_release(m->params[i].value16);
+        m->params[i].value16 = NULL;
+    }
+    ts_tensor_release(m->flat_params16);
+    ts_tensor_release(m->flat_grads16);
+    m->flat_params16 = m->flat_grads16 = NULL;
+    m->compute_dtype = TS_F32;
+}
+
+ts_status ts_model_set_compute_dtype(ts_model *m, ts_dtype dt) {
+    if (dt != TS_F32 && dt != TS_BF16)
+        return ts_error(TS_ERR_DTYPE, "model: compute dtype %s is not supported (f32 or bf16)", ts_dtype_name(dt));
+    if (!m->finalized) return ts_error(TS_ERR_STATE, "model: set_compute_dtype before finalize");
+    if (dt == TS_BF16 && m->dtype != TS_F32)
+        return ts_error(TS_ERR_DTYPE, "model: bf16 compute needs f32 master buffers, not %s", ts_dtype_name(m->dtype));
+    drop_compute(m);
+    if (dt == TS_F32) return TS_OK;
+    int64_t n = ts_tensor_numel(m->flat_params);
+    m->flat_params16 = ts_tensor_zeros(TS_BF16, 1, &n);
+    m->flat_grads16 = ts_tensor_zeros(TS_BF16, 1, &n);
+    ts_status st = m->flat_params16 && m->flat_grads16 ? TS_OK : ts_last_status();
+    for (int i = 0; !st && i < m->n_params; i++) {
+        ts_param *p = &m->params[i];
+        p->value16 = ts_tensor_from_storage(m->flat_params16->storage, TS_BF16, p->offset, p->ndim, p->shape, NULL);
+        ts_tensor *g = ts_tensor_from_storage(m->flat_grads16->storage, TS_BF16, p->offset, p->ndim, p->shape, NULL);
+        if (!p->value16 || !g) {
+            ts_tensor_release(g);
+            st = ts_last_status();
+            break;
+        }
+        p->value16->requires_grad = true;
+        p->value16->grad = g;
+    }
+    m->compute_dtype = TS_BF16;
+    if (!st) st = ts_model_sync_compute(m);
+    if (st) drop_compute(m);
+    return st;
+}
+
+ts_status ts_model_sync_compute(ts_model *m) {
+    if (m->compute_dtype != TS_BF16) return TS_OK;
+    release_cached(m); /* the values they were made from change */
+    return ts_mixed_to_bf16(ts_f32(m->flat_params), ts_tensor_data(m->flat_params16), m->numel);
+}
+
+ts_status ts_model_fold_compute_grads(ts_model *m, float scale) {
+    if (m->compute_dtype != TS_BF16) return TS_OK;
+    release_cached(m); /* their graphs were used by the backward */
+    ts_status st = ts_mixed_accumulate(ts_f32(m->flat_grads), ts_tensor_data(m->flat_grads16), TS_BF16, m->numel, scale);
+    if (!st) memset(ts_tensor_data(m->flat_grads16), 0, ts_tensor_nbytes(m->flat_grads16));
+    return st;
+}
+
+ts_tensor *ts_model_param(const ts_model *m, int i) {
+    ts_param *p = &m->params[i];
+    if (m->compute_dtype != TS_BF16) return p->value;
+    /* a cached conversion serves until a backward consumed its graph; one
+     * made without gradients does not serve a forward that records */
+    ts_tensor *c = p->compute;
+    bool stale = c && ts_grad_enabled() && (!c->grad_fn || c->grad_fn->freed);
+    if (!c || stale) {
+        c = ts_to_dtype(p->value16, TS_F32);
+        if (!c) return NULL;
+        ts_tensor_release(p->compute);
+        p->compute = c;
+    }
+    return c;
+}
+
+ts_tensor *ts_model_grad_leaf(const ts_model *m, int i) {
+    return m->compute_dtype == TS_BF16 ? m->params[i].value16 : m->params[i].value;
+}
 
 int ts_model_find(const ts_model *m, const char *name) {
     for (int i = 0; i < m->n_params; i++)
@@ -141,6 +232,7 @@ int ts_model_find(const ts_model *m, const char *name) {
 
 void ts_model_zero_grad(ts_model *m) {
     if (m->flat_grads) memset(ts_tensor_data(m->flat_grads), 0, ts_tensor_nbytes(m->flat_grads));
+    if (m->flat_grads16) memset(ts_tensor_data(m->flat_grads16), 0, ts_tensor_nbytes(m->flat_grads16));
 }
 
 ts_status ts_model_alloc_state(ts_model *m, int k) {
@@ -193,7 +285,7 @@ ts_status ts_model_copy_params(ts_model *dst, const ts_model *src, int *n_copied
         }
     }
     if (n_copied) *n_copied = copied;
-    return TS_OK;
+    return ts_model_sync_compute(dst);
 }
 
 /* ---- summary ---- */
@@ -237,5 +329,8 @@ ts_status ts_model_summary(ts_model *m, FILE *f, ts_dtype in_dtype, int in_ndim,
     fprintf(f, "Trainable params: %lld, with weight decay: %lld\n", (long long)m->numel, (long long)decay);
     fprintf(f, "Gradient buffer: %.2f MiB; optimizer state: %.2f MiB\n", (double)m->numel * 4 / (1 << 20),
             (double)m->numel * 4 * m->n_state / (1 << 20));
+    if (m->compute_dtype == TS_BF16)
+        fprintf(f, "bf16 compute copy: %.2f MiB parameters + %.2f MiB gradients\n", (double)m->numel * 2 / (1 << 20),
+                (double)m->numel * 2 / (1 << 20));
     return TS_OK;
 }

@@ -11,6 +11,26 @@
  * (ts_model_add_param); ts_model_finalize(model, key) allocates the buffers,
  * makes the views and initialises every parameter from key (parameter i uses
  * ts_key_split(key, i)), so the same seed builds the same model everywhere.
+ *
+ * Mixed precision (ts_model_set_compute_dtype(m, TS_BF16)): the model gains
+ * a second pair of flat buffers with the same layout in real 2-byte bf16,
+ * `flat_params16` (a rounded copy of the master) and `flat_grads16`. Each
+ * parameter gets a bf16 leaf view `value16` whose grad is its view of
+ * flat_grads16. The forward reads weights through ts_model_param(), which
+ * then hands out an f32 tensor converted from the bf16 leaf by the recorded
+ * ts_to_dtype: ops compute in f32 on bf16-rounded values, and backward
+ * rounds each parameter's gradient to bf16 into flat_grads16.
+ *   What is bf16: the parameters the forward computes with and their
+ *   gradients (flat_params16, flat_grads16).
+ *   What stays f32: the master weights (flat_params), the master gradients
+ *   the optimizer reads (flat_grads), the optimizer state, and activations -
+ *   the CPU ops compute and store in f32, and the converted weights the
+ *   forward uses are f32 tensors (one per parameter, held until the next
+ *   sync or fold).
+ * Per step: ts_model_zero_grad; per micro-batch forward, backward of the
+ * loss scaled by 1/k, ts_model_fold_compute_grads(m, 1); clip and step on
+ * the f32 buffers; ts_model_sync_compute. Folding after every backward keeps
+ * micro-batch sums in f32 (bf16 sums would lose precision).
  */
 #ifndef TS_NN_MODEL_H
 #define TS_NN_MODEL_H
@@ -34,6 +54,9 @@ typedef struct {
     ts_init init;
     bool decay;            /* weight decay applies (matrices, not biases/norms) */
     ts_tensor *value;      /* view into params; a leaf with requires_grad */
+    ts_tensor *value16;    /* bf16 compute: view into flat_params16 (leaf), else NULL */
+    ts_tensor *compute;    /* bf16 compute: the f32 tensor made from value16 that
+                            * forwards use, cached until sync or fold, or NULL */
 } ts_param;
 
 typedef struct ts_module ts_module;
@@ -45,6 +68,9 @@ typedef struct ts_model {
     ts_dtype dtype;         /* of the flat buffers: f32, or f64 for gradcheck */
     ts_tensor *flat_params; /* [numel] */
     ts_tensor *flat_grads;  /* [numel] */
+    ts_dtype compute_dtype; /* TS_F32 (compute on the master) or TS_BF16 */
+    ts_tensor *flat_params16; /* bf16 [numel] rounded master, or NULL */
+    ts_tensor *flat_grads16;  /* bf16 [numel] gradients of the compute copy, or NULL */
     float *state;           /* optimizer state, n_state * numel floats, or NULL */
     int n_state;
     bool finalized;
@@ -68,13 +94,42 @@ int ts_model_add_param(ts_model *m, const char *name, int ndim, const int64_t *s
 /* Allocates the flat buffers, makes the views and initialises parameters. */
 ts_status ts_model_finalize(ts_model *m, ts_key key);
 
-/* The parameter tensor of index i (borrowed). */
+/* The tensor a forward computes with for parameter i (borrowed): the master
+ * view m->params[i].value, or with bf16 compute the f32 tensor converted
+ * (recorded) from the bf16 leaf, made once and shared until the next sync or
+ * fold, and remade when its graph was used by a backward. NULL on failure.
+ * Read and write master values through m->params[i].value. */
 ts_tensor *ts_model_param(const ts_model *m, int i);
+
+/* The leaf whose .grad backward fills for parameter i (borrowed): value16
+ * with bf16 compute, else value. Leaf gradient hooks attach here. */
+ts_tensor *ts_model_grad_leaf(const ts_model *m, int i);
+
+/* Selects the precision of the forward/backward: TS_F32 (the default;
+ * frees any bf16 buffers) or TS_BF16 (allocates flat_params16 and
+ * flat_grads16, makes the bf16 leaves and syncs them from the master).
+ * Needs a finalized model with f32 master buffers; any other dtype is an
+ * error naming it. */
+ts_status ts_model_set_compute_dtype(ts_model *m, ts_dtype dt);
+
+/* Rounds the f32 master into the bf16 copy (nearest even). Call after each
+ * optimizer step and after anything else writes master values (loading a
+ * checkpoint, receiving parameters); ts_model_copy_params does it itself.
+ * A no-op with f32 compute. */
+ts_status ts_model_sync_compute(ts_model *m);
+
+/* Adds scale * (bf16 gradients) into the f32 master gradients and zeros the
+ * bf16 ones, so the optimizer sees f32 gradients; scale 1/k after each of k
+ * micro-batches (ts_mixed_micro_scale) makes their mean. With f32 compute it
+ * does nothing (backward already wrote the master gradients), so a loop that
+ * scales each micro-batch loss by 1/k and folds with scale 1 is the same in
+ * both precisions. */
+ts_status ts_model_fold_compute_grads(ts_model *m, float scale);
 
 /* Index of the parameter called name, or -1 with an error naming it. */
 int ts_model_find(const ts_model *m, const char *name);
 
-/* Zeros the whole gradient buffer. */
+/* Zeros the whole gradient buffer (and the bf16 one with bf16 compute). */
 void ts_model_zero_grad(ts_model *m);
 
 /* Allocates (zeroed) k floats of optimizer state per parameter element. */

@@ -53,7 +53,7 @@ int ts_module_param(ts_module *mod, const char *pname, int ndim, const int64_t *
     return i;
 }
 
-ts_tensor *ts_module_weight(const ts_module *mod, int k) { return mod->model->params[mod->param0 + k].value; }
+ts_tensor *ts_module_weight(const ts_module *mod, int k) { return ts_model_param(mod->model, mod->param0 + k); }
 
 void ts_module_free(ts_module *mod) {
     if (!mod) return;

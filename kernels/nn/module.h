@@ -62,7 +62,9 @@ ts_status ts_module_add_child(ts_module *parent, ts_module *child);
 /* Registers a parameter of module mod called mod.name + "." + pname. */
 int ts_module_param(ts_module *mod, const char *pname, int ndim, const int64_t *shape, ts_init init, bool decay);
 
-/* The module's k-th own parameter tensor (borrowed). */
+/* The module's k-th own parameter as the forward computes with it
+ * (borrowed; ts_model_param: the master view, or with bf16 compute the f32
+ * tensor converted from the bf16 copy). */
 ts_tensor *ts_module_weight(const ts_module *mod, int k);
 
 /* Frees mod and its children. */
