@@ -7,6 +7,12 @@
 
 #include "kernels/autograd.h"
 
+/* `omp simd` is a hint: sanitizer and -O1 builds of clang cannot always
+ * vectorize and would otherwise turn that into an error under -Werror. */
+#ifdef __clang__
+#pragma clang diagnostic ignored "-Wpass-failed"
+#endif
+
 /* Sizes of one pooling. */
 typedef struct {
     int64_t planes, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw;
@@ -30,7 +36,35 @@ static inline void window(const pool_geom *g, int64_t oh, int64_t ow, int64_t *h
  * idx is not NULL; backward adds each gradient at its index. Avg: out = sum
  * / (kh * kw); backward spreads gradient / (kh * kw) over the window. */
 #define POOL_KERNELS(T)                                                                                   \
+    /* The common 2x2 window, stride 2, no padding: the same comparisons in                           \
+     * the same order as the general loop, with fixed trip counts. */                                    \
+    static void max_fwd2_##T(const pool_geom *g, const T *x, T *out, int64_t *idx) {                      \
+        _Pragma("omp parallel for schedule(static) if (g->planes * g->Ho * g->Wo > POOL_OMP_MIN)")        \
+        for (int64_t p = 0; p < g->planes; p++) {                                                         \
+            const T *xp = x + p * g->H * g->W;                                                            \
+            for (int64_t oh = 0; oh < g->Ho; oh++) {                                                      \
+                const T *r0 = xp + 2 * oh * g->W, *r1 = r0 + g->W;                                        \
+                T *o = out + (p * g->Ho + oh) * g->Wo;                                                    \
+                int64_t *io = idx ? idx + (p * g->Ho + oh) * g->Wo : NULL, base = 2 * oh * g->W;         \
+                _Pragma("omp simd") for (int64_t ow = 0; ow < g->Wo; ow++) {                              \
+                    T v[4] = {r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1]}, best = v[0];       \
+                    int64_t bi = 0;                                                                       \
+                    for (int k = 1; k < 4; k++) {                                                         \
+                        bool take = (v[k] > best) | (v[k] != v[k]);                                       \
+                        bi = take ? k : bi;                                                               \
+                        best = take ? v[k] : best;                                                        \
+                    }                                                                                     \
+                    o[ow] = best;                                                                         \
+                    if (io) io[ow] = base + (bi >> 1) * g->W + 2 * ow + (bi & 1);                         \
+                }                                                                                         \
+            }                                                                                             \
+        }                                                                                                 \
+    }                                                                                                     \
     static void max_fwd_##T(const pool_geom *g, const T *x, T *out, int64_t *idx) {                       \
+        if (g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0) {           \
+            max_fwd2_##T(g, x, out, idx);                                                                 \
+            return;                                                                                       \
+        }                                                                                                 \
         _Pragma("omp parallel for schedule(static) if (g->planes * g->Ho * g->Wo > POOL_OMP_MIN)")        \
         for (int64_t p = 0; p < g->planes; p++) {                                                         \
             const T *xp = x + p * g->H * g->W;                                                            \
