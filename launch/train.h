@@ -9,6 +9,16 @@
 
 #include "proto/job.h"
 
+/* libgomp keeps idle OpenMP workers spinning (pause, no yield) for
+ * milliseconds after each parallel region; they then starve OpenBLAS's own
+ * threads in the GEMM that follows (an MLP epoch at 2 threads on 2 cores ran
+ * 2-5x slower than at 1 thread). libgomp reads its settings only when it is
+ * loaded, so when neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT is set this
+ * sets OMP_WAIT_POLICY=passive and re-executes the program (same pid, same
+ * argv); it returns when the user chose a policy or the exec failed.
+ * Called first thing in main(). */
+void ts_launch_passive_openmp(char **argv);
+
 /* Trains job in this process with its run folder (run_dir NULL: the job's
  * train.run_dir, else runs/<name>), resuming from its newest checkpoint
  * when resume is set. SIGINT/SIGTERM stop after the current step with a
