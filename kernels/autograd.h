@@ -73,6 +73,13 @@ ts_node *ts_autograd_record(ts_tensor *out, const char *op, ts_backward_fn backw
 /* Saves an alias of t (no history) in slot i of node. */
 void ts_node_save(ts_node *node, int i, const ts_tensor *t);
 
+/* Declares that node's backward never reads the values of input i (add,
+ * sub, copies, reshape): when that input has history, the node keeps only
+ * what the engine needs (shape, dtype, grad_fn) in place of the tensor, so
+ * its storage can be freed as soon as the forward pass drops it. Leaves are
+ * kept as they are. Call right after ts_autograd_record. */
+void ts_node_forget_input_data(ts_node *node, int i);
+
 /* Whether input i of node needs a gradient. */
 bool ts_node_wants(const ts_node *node, int i);
 

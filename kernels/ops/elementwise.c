@@ -157,6 +157,7 @@ typedef struct {
     bin_kernel kern[2]; /* f32, f64 */
     ts_backward_fn backward;
     bool save_out;
+    bool grad_without_inputs; /* backward reads neither input's values */
 } bin_op;
 
 /* t is contiguous with exactly the output shape. */
@@ -219,6 +220,10 @@ static ts_tensor *binary(const bin_op *op, ts_tensor *a0, ts_tensor *b0) {
     ts_tensor *ins[2] = {a, b};
     ts_node *n = ts_autograd_record(out, op->name, op->backward, 2, ins);
     if (n && op->save_out) ts_node_save(n, 0, out);
+    if (n && op->grad_without_inputs) {
+        ts_node_forget_input_data(n, 0);
+        ts_node_forget_input_data(n, 1);
+    }
 done:
     ts_tensor_release(a);
     ts_tensor_release(b);
@@ -267,10 +272,10 @@ static ts_status div_backward(ts_node *n, ts_tensor *g0, ts_tensor **gin) {
     return st;
 }
 
-static const bin_op add_op = {"add", {add_k_f32, add_k_f64}, add_backward, false};
-static const bin_op sub_op = {"sub", {sub_k_f32, sub_k_f64}, sub_backward, false};
-static const bin_op mul_op = {"mul", {mul_k_f32, mul_k_f64}, mul_backward, false};
-static const bin_op div_op = {"div", {div_k_f32, div_k_f64}, div_backward, true};
+static const bin_op add_op = {"add", {add_k_f32, add_k_f64}, add_backward, false, true};
+static const bin_op sub_op = {"sub", {sub_k_f32, sub_k_f64}, sub_backward, false, true};
+static const bin_op mul_op = {"mul", {mul_k_f32, mul_k_f64}, mul_backward, false, false};
+static const bin_op div_op = {"div", {div_k_f32, div_k_f64}, div_backward, true, false};
 
 ts_tensor *ts_add(ts_tensor *a, ts_tensor *b) { return binary(&add_op, a, b); }
 ts_tensor *ts_sub(ts_tensor *a, ts_tensor *b) { return binary(&sub_op, a, b); }

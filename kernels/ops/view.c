@@ -86,7 +86,7 @@ ts_tensor *ts_reshape(ts_tensor *x, int ndim, const int64_t *shape) {
         out = raw_view(c, 0, ndim, want, NULL);
         ts_tensor_release(c);
     }
-    if (out) ts_autograd_record(out, "reshape", reshape_backward, 1, &x);
+    if (out) ts_node_forget_input_data(ts_autograd_record(out, "reshape", reshape_backward, 1, &x), 0);
     return out;
 bad:
     ts_error(TS_ERR_SHAPE, "reshape: cannot view %s (%lld elements) as %s", ts_shape_str(x), (long long)n,
@@ -269,7 +269,7 @@ static ts_status identity_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
 static ts_tensor *copy_op(ts_tensor *x, ts_dtype dt, const char *op) {
     ts_tensor *out = ts_tensor_copy_as(x, dt);
     if (out) {
-        if (ts_dtype_is_float(dt)) ts_autograd_record(out, op, identity_backward, 1, &x);
+        if (ts_dtype_is_float(dt)) ts_node_forget_input_data(ts_autograd_record(out, op, identity_backward, 1, &x), 0);
     }
     return out;
 }
