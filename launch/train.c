@@ -105,8 +105,8 @@ int ts_launch_eval(const char *ckpt) {
         printf("%s: step %lld, %s loss %.4f, accuracy %.2f%% (%lld samples)\n", ckpt, (long long)t->step, split,
                e.loss, 100 * e.accuracy, (long long)e.samples);
     else
-        printf("%s: step %lld, %s loss %.4f, %.3f bits/byte (%lld sequences)\n", ckpt, (long long)t->step, split,
-               e.loss, e.bits_per_byte, (long long)e.samples);
+        printf("%s: step %lld, %s loss %.4f, %.3f bits/byte (%lld sequences, %lld tokens)\n", ckpt,
+               (long long)t->step, split, e.loss, e.bits_per_byte, (long long)e.samples, (long long)e.predictions);
     ts_trainer_free(t);
     return 0;
 }

@@ -75,8 +75,8 @@ void ts_metrics_eval(FILE *jsonl, int64_t step, const char *split, const ts_eval
         printf("eval %s at step %lld | loss %.4f | accuracy %.2f%% (%lld samples)\n", split, (long long)step,
                e->loss, 100 * e->accuracy, (long long)e->samples);
     else
-        printf("eval %s at step %lld | loss %.4f | %.3f bits/byte (%lld sequences)\n", split, (long long)step,
-               e->loss, e->bits_per_byte, (long long)e->samples);
+        printf("eval %s at step %lld | loss %.4f | %.3f bits/byte (%lld sequences, %lld tokens)\n", split,
+               (long long)step, e->loss, e->bits_per_byte, (long long)e->samples, (long long)e->predictions);
     fflush(stdout);
     if (!jsonl) return;
     fprintf(jsonl, "{\"kind\":\"eval\",\"split\":\"%s\",\"step\":%lld,\"loss\":%.6f,\"accuracy\":%.6f,\"bpb\":%.6f}\n",

@@ -315,7 +315,7 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s) {
 
 /* ---- evaluation ---- */
 
-/* Adds the batch's summed loss and correct predictions. */
+/* Adds the batch's summed loss, correct predictions and scored targets. */
 static ts_status eval_batch(ts_trainer *t, const ts_batch *b, double *loss_sum, int64_t *correct, int64_t *rows) {
     ts_tensor *logits = NULL, *targets = NULL;
     ts_status st = logits_for(t, b->x, b->y, &logits, &targets);
@@ -351,12 +351,13 @@ ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval
     bool prev = ts_grad_set_enabled(false);
     ts_model_train(t->model, false);
     double loss_sum = 0;
-    int64_t correct = 0, rows = 0;
+    int64_t correct = 0, rows = 0, samples = 0;
     ts_status st = TS_OK;
     for (int64_t i = 0; !st && i < batches; i++) {
         ts_batch b;
         st = ts_loader_next(l, &b);
         if (!st) {
+            samples += b.size;
             st = eval_batch(t, &b, &loss_sum, &correct, &rows);
             ts_batch_release(&b);
         }
@@ -365,7 +366,8 @@ ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval
     ts_grad_set_enabled(prev);
     ts_loader_free(l);
     if (st) return st;
-    e->samples = rows;
+    e->samples = samples;
+    e->predictions = rows;
     e->loss = rows ? loss_sum / (double)rows : 0;
     bool gpt = t->spec.arch == TS_ARCH_GPT;
     e->accuracy = gpt ? -1 : (double)correct / (double)(rows ? rows : 1);

@@ -39,7 +39,8 @@ typedef struct {
     double loss;           /* mean per sample (per token for GPT) */
     double accuracy;       /* classification; -1 for GPT */
     double bits_per_byte;  /* GPT; -1 otherwise */
-    int64_t samples;
+    int64_t samples;       /* images or sequences */
+    int64_t predictions;   /* targets scored: samples, or tokens for GPT */
 } ts_eval_stats;
 
 typedef struct ts_trainer {
