@@ -232,16 +232,42 @@ static ts_tensor *raw_mT(const ts_tensor *t) {
 }
 
 /* The gradient of one operand: out (x's shape) = l·r summed over broadcast
- * batch dims, where l, r are given transposed or not. */
+ * batch dims, where l, r are given transposed or not. When x is a
+ * transposed view (column-major last two dims: a Linear's Wᵀ), the gradient
+ * gets x's layout, computed as (l·r)ᵀ = rᵀ·lᵀ into a contiguous buffer, so
+ * that the transpose's backward hands W's gradient on contiguous and it
+ * accumulates as a plain add, not a strided walk over the whole matrix. */
 static ts_tensor *grad_gemm(const ts_tensor *x, const ts_tensor *l, bool lT, const ts_tensor *r, bool rT) {
+    int nd = x->ndim;
+    bool colmajor = x->shape[nd - 2] > 1 && x->shape[nd - 1] > 1 && x->strides[nd - 2] == 1 &&
+                    x->strides[nd - 1] == x->shape[nd - 2];
+    if (colmajor) {
+        const ts_tensor *t = l;
+        bool tT = lT;
+        l = r;
+        lT = !rT;
+        r = t;
+        rT = !tT;
+    }
+    int64_t shape[TS_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    if (colmajor) {
+        shape[nd - 2] = x->shape[nd - 1];
+        shape[nd - 1] = x->shape[nd - 2];
+    }
     ts_tensor *lt = lT ? raw_mT(l) : ts_tensor_alias(l), *rt = rT ? raw_mT(r) : ts_tensor_alias(r);
-    ts_tensor *g = lt && rt ? ts_tensor_empty(x->dtype, x->ndim, x->shape) : NULL;
+    ts_tensor *g = lt && rt ? ts_tensor_empty(x->dtype, nd, shape) : NULL;
     if (g && ts_matmul_into(g, lt, rt, false)) {
         ts_tensor_release(g);
         g = NULL;
     }
     ts_tensor_release(lt);
     ts_tensor_release(rt);
+    if (g && colmajor) {
+        ts_tensor *gt = raw_mT(g);
+        ts_tensor_release(g);
+        g = gt;
+    }
     return g;
 }
 
