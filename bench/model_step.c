@@ -17,6 +17,9 @@
  * - Tessera also reports its allocator's peak of live tensor bytes in the
  *   step (ts_alloc_get_stats().peak after ts_alloc_reset_peak()).
  * Time: median of the steps after warm-up. Ratio = Tessera / PyTorch.
+ * Both children run with OMP_WAIT_POLICY=passive, as tessera-run starts
+ * its processes: idle OpenMP workers then sleep instead of spinning on the
+ * cores OpenBLAS's threads need.
  *
  * Usage: bench_model_step [--steps N] [--warmup N]
  */
@@ -229,10 +232,10 @@ int main(int argc, char **argv) {
         for (int threads = 1; threads <= 2; threads++) {
             char cmd[1024];
             result ts, pt;
-            snprintf(cmd, sizeof cmd, "TESSERA_NUM_THREADS=%d /proc/%d/exe --steps %d --warmup %d --one %s %d",
+            snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive TESSERA_NUM_THREADS=%d /proc/%d/exe --steps %d --warmup %d --one %s %d",
                      threads, (int)getpid(), steps, warmup, models[mi], threads);
             if (run_child(cmd, &ts)) return 1;
-            snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/bench/model_step_torch.py %s %d %d %d",
+            snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive /usr/bin/python3 %s/bench/model_step_torch.py %s %d %d %d",
                      TESSERA_SOURCE_DIR, models[mi], threads, warmup, steps);
             if (run_child(cmd, &pt)) return 1;
             printf("%-4s %3d | %10.2f %10.2f %6.2f | %9.1f %9.1f %6.2f | %9.1f %9.1f %6.2f | %9.1f\n", models[mi],
