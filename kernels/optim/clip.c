@@ -7,7 +7,7 @@
 
 double ts_clip_sq_norm(const float *g, int64_t len) {
     double sum = 0;
-#pragma omp parallel for if (len > CLIP_OMP_MIN) schedule(static) reduction(+ : sum)
+#pragma omp parallel for simd if (len > CLIP_OMP_MIN) schedule(static) reduction(+ : sum)
     for (int64_t i = 0; i < len; i++) sum += (double)g[i] * (double)g[i];
     return sum;
 }
