@@ -87,6 +87,7 @@ static const char *const arch_names[] = {"mlp", "cnn", "gpt", NULL};
 static const char *const data_names[] = {"fashion_mnist", "text", NULL};
 static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const schedule_names[] = {"constant", "step", "cosine", NULL};
+static const char *const precision_names[] = {"f32", "bf16", NULL};
 
 static const field model_fields[] = {
     ENUM_FIELD("arch", model.arch, "\"mlp\"", arch_names),
@@ -142,6 +143,7 @@ static const field train_fields[] = {
     INT64_FIELD("checkpoint_every", train.checkpoint_every, "0", 0, INT64_MAX),
     INT_FIELD("keep_checkpoints", train.keep_checkpoints, "3", 1, 1000),
     INT_FIELD("accum_steps", train.accum_steps, "1", 1, 1024),
+    ENUM_FIELD("precision", train.bf16, "\"f32\"", precision_names),
     INT64_FIELD("log_every", train.log_every, "1", 1, INT64_MAX),
     STRING_FIELD("run_dir", train.run_dir, "\"\"", 0, NULL),
     {0},

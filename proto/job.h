@@ -103,6 +103,7 @@ typedef struct {
     int64_t checkpoint_every; /* steps between checkpoints; 0 = at the end */
     int keep_checkpoints;
     int accum_steps;          /* micro-batches per optimizer step */
+    int bf16;                 /* precision "bf16": bf16 compute copy of the parameters */
     int64_t log_every;
     char run_dir[TS_JOB_PATH_MAX]; /* "" = runs/<name> */
 } ts_job_train;

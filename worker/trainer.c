@@ -143,6 +143,7 @@ ts_status ts_trainer_load(ts_trainer *t, const char *dir) {
     }
     if (!st) st = ts_loader_set_position(t->loader, ck->loader);
     if (!st) t->step = ck->step;
+    if (!st) st = ts_model_sync_compute(m); /* the bf16 copy follows the loaded master */
     ts_checkpoint_close(ck);
     return st;
 }
@@ -189,6 +190,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     if (!st) {
         t->model = ts_model_build(&t->spec, 0, -1, ts_key_from_seed((uint64_t)job->seed), TS_F32);
         if (!t->model) st = ts_last_status();
+        else if (job->train.bf16) st = ts_model_set_compute_dtype(t->model, TS_BF16);
     }
     if (!st) st = setup_optimizer(t);
     if (!st && run_dir) st = make_dirs(t->run_dir);
@@ -272,6 +274,8 @@ ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples) {
         if (st) return st;
         double l = 0;
         st = ts_trainer_micro(t, &b, 1.0 / k, &l);
+        /* bf16 compute: add this micro-batch's gradients to the f32 master */
+        if (!st) st = ts_model_fold_compute_grads(t->model, 1.0f);
         *samples += b.size;
         ts_batch_release(&b);
         if (st) return st;
@@ -292,6 +296,7 @@ ts_status ts_trainer_apply(ts_trainer *t, double *lr, double *grad_norm) {
     *lr = ts_schedule_lr(&t->schedule, t->step);
     ts_status st = ts_optim_step_flat(&t->optim, t->step + 1, *lr, &t->groups, ts_f32(m->flat_params), grads,
                                       m->state, m->numel, 0, m->numel);
+    if (!st) st = ts_model_sync_compute(m);
     if (!st) t->step++;
     return st;
 }

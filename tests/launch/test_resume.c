@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +107,18 @@ static void test_kill9_then_resume(void **state) {
     for (int s = 1; s <= STEPS; s++) assert_true(a[s] == b[s]);
 }
 
+static void test_bf16_tracks_f32(void **state) {
+    (void)state;
+    double a[STEPS + 1] = {0}, b[STEPS + 1] = {0};
+    reference(a);
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/bf16", run_base);
+    assert_int_equal(wait_exit(start_run(dir, "--set train.precision=bf16")), 0);
+    assert_int_equal(read_losses(dir, b), STEPS);
+    for (int s = 1; s <= STEPS; s++) assert_true(fabs(a[s] - b[s]) <= 0.05 * a[1]);
+    assert_true(b[STEPS] < 0.6 * b[1]);
+}
+
 static void test_bad_field_is_named(void **state) {
     (void)state;
     char dir[300];
@@ -128,6 +141,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sigint_then_resume),
         cmocka_unit_test(test_kill9_then_resume),
+        cmocka_unit_test(test_bf16_tracks_f32),
         cmocka_unit_test(test_bad_field_is_named),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
