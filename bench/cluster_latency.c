@@ -24,6 +24,7 @@
 
 #include <zmq.h>
 
+#include "bench_util.h"
 #include "collective/member.h"
 #include "proto/secure.h"
 #include "scheduler/sched.h"
@@ -36,21 +37,9 @@ static char endpoint[256];
 static pthread_barrier_t start_line;
 static double *put_ms, *barrier_ms; /* [NODES * rounds] */
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Sorts v[n] and writes its median and p99. */
 static void summarize(double *v, size_t n, double *median, double *p99) {
-    qsort(v, n, sizeof *v, cmp_double);
-    *median = v[n / 2];
+    *median = bench_upper_median(v, n);
     *p99 = v[(size_t)((double)(n - 1) * 0.99)];
 }
 
@@ -75,21 +64,21 @@ static void *run_member(void *arg) {
     pthread_barrier_wait(&start_line);
     for (int i = 0; i < rounds; i++) {
         payload = (uint64_t)i;
-        double t0 = now_ms();
+        double t0 = bench_now_ms();
         if (ts_member_blob_put(m, key, &payload, sizeof payload) != TS_OK) {
             fprintf(stderr, "bench: node %d: put: %s\n", idx, ts_last_error());
             exit(1);
         }
-        put_ms[idx * rounds + i] = now_ms() - t0;
+        put_ms[idx * rounds + i] = bench_now_ms() - t0;
     }
     pthread_barrier_wait(&start_line);
     for (int i = 0; i < rounds; i++) {
-        double t0 = now_ms();
+        double t0 = bench_now_ms();
         if (ts_member_barrier(m, i + 1, 0) != TS_OK) {
             fprintf(stderr, "bench: node %d: barrier: %s\n", idx, ts_last_error());
             exit(1);
         }
-        barrier_ms[idx * rounds + i] = now_ms() - t0;
+        barrier_ms[idx * rounds + i] = bench_now_ms() - t0;
     }
     ts_member_step_done(m, 1); /* the job has 1 step: the scheduler shuts down */
     while (!ts_member_shutdown_requested(m, NULL, NULL, 0)) usleep(1000);
@@ -142,10 +131,10 @@ static void *echo_client(void *arg) {
     zmq_send(d, msg, sizeof msg, 0); /* handshake outside the timing */
     zmq_recv(d, back, sizeof back, 0);
     for (int i = 0; i < rounds - 1; i++) {
-        double t0 = now_ms();
+        double t0 = bench_now_ms();
         zmq_send(d, msg, sizeof msg, 0);
         zmq_recv(d, back, sizeof back, 0);
-        c->a->v[c->idx * (rounds - 1) + i] = now_ms() - t0;
+        c->a->v[c->idx * (rounds - 1) + i] = bench_now_ms() - t0;
     }
     zmq_close(d);
     return NULL;

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "kernels/autograd.h"
 #include "kernels/ops/attention.h"
 #include "kernels/ops/matmul.h"
@@ -37,19 +38,8 @@ static void die(const char *what) {
     exit(1);
 }
 
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof t[0], cmp_double);
+    bench_sort(t, (size_t)n);
     return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
 }
 
@@ -249,9 +239,9 @@ int main(int argc, char **argv) {
             int n = reps * c->rep_scale;
             double ts[MAX_REPS], th[MAX_REPS];
             for (int r = 0; r < n; r++) { /* interleaved: Tessera, then PyTorch */
-                double t0 = now_ms();
+                double t0 = bench_now_ms();
                 if (c->run(c)) die(c->name);
-                ts[r] = now_ms() - t0;
+                ts[r] = bench_now_ms() - t0;
                 th[r] = atof(torch_ask("time %s", c->name));
             }
             teardown(c);

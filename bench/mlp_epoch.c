@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "kernels/threads.h"
 #include "launch/train.h"
 #include "worker/trainer.h"
@@ -42,67 +43,46 @@ typedef struct {
     long steps;
 } result;
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* One Tessera epoch of the MLP job in this process. */
 static int run_one(int threads, result *r) {
     ts_threads_set(threads);
     char path[1024];
     snprintf(path, sizeof path, "%s/examples/mlp_fashion.json", TESSERA_SOURCE_DIR);
     ts_job job;
-    double t0 = now_ms();
+    double t0 = bench_now_ms();
     ts_trainer *t = ts_job_load(path, NULL, 0, &job) ? NULL : ts_trainer_create(&job, "{}", NULL, false);
     if (!t) {
         fprintf(stderr, "mlp_epoch: %s\n", ts_last_error());
         return 1;
     }
-    r->load_ms = now_ms() - t0;
+    r->load_ms = bench_now_ms() - t0;
     int64_t steps = ts_loader_batches_per_epoch(t->loader);
     ts_step_stats s;
     double t1 = 0;
     for (int64_t i = 0; i < WARMUP_STEPS + steps; i++) {
-        if (i == WARMUP_STEPS) t1 = now_ms();
+        if (i == WARMUP_STEPS) t1 = bench_now_ms();
         if (ts_trainer_step(t, &s)) {
             fprintf(stderr, "mlp_epoch: %s\n", ts_last_error());
             ts_trainer_free(t);
             return 1;
         }
     }
-    r->epoch_ms = now_ms() - t1;
+    r->epoch_ms = bench_now_ms() - t1;
     r->loss = s.loss;
     r->steps = (long)steps;
     ts_trainer_free(t);
     return 0;
 }
 
-/* Runs cmd and parses its "RESULT epoch_ms=.. load_ms=.. steps=.. loss=.." line. */
-static int run_child(const char *cmd, result *r) {
-    FILE *p = popen(cmd, "r");
-    if (!p) return 1;
-    char line[512];
-    int ok = 0;
-    while (fgets(line, sizeof line, p)) {
-        if (sscanf(line, "RESULT epoch_ms=%lf load_ms=%lf steps=%ld loss=%lf", &r->epoch_ms, &r->load_ms, &r->steps,
-                   &r->loss) == 4)
-            ok = 1;
-        else fputs(line, stderr);
-    }
-    int rc = pclose(p);
-    if (!ok || rc != 0) {
-        fprintf(stderr, "mlp_epoch: '%s' failed (status %d)\n", cmd, rc);
-        return 1;
-    }
-    return 0;
+/* Parses a child's "RESULT epoch_ms=.. load_ms=.. steps=.. loss=.." line. */
+static int parse_result(const char *line, void *out) {
+    result *r = out;
+    return sscanf(line, "RESULT epoch_ms=%lf load_ms=%lf steps=%ld loss=%lf", &r->epoch_ms, &r->load_ms, &r->steps,
+                  &r->loss) == 4;
 }
+
+/* Runs cmd and reads its result line into r; nonzero on failure. */
+static int run_child(const char *cmd, result *r) { return bench_run_child("mlp_epoch", cmd, parse_result, r); }
 
 int main(int argc, char **argv) {
     ts_launch_passive_openmp(argv); /* as tessera-run does; inherited by both children */
@@ -154,13 +134,9 @@ int main(int argc, char **argv) {
             ts_load[rep] = ts.load_ms;
             pt_load[rep] = pt.load_ms;
         }
-        qsort(ts_ms, (size_t)reps, sizeof(double), cmp_double);
-        qsort(pt_ms, (size_t)reps, sizeof(double), cmp_double);
-        qsort(ts_load, (size_t)reps, sizeof(double), cmp_double);
-        qsort(pt_load, (size_t)reps, sizeof(double), cmp_double);
-        double a = ts_ms[reps / 2], b = pt_ms[reps / 2];
+        double a = bench_upper_median(ts_ms, (size_t)reps), b = bench_upper_median(pt_ms, (size_t)reps);
         printf("%3d | %6ld | %11.1f %11.1f %6.3f | %9.1f %9.1f | %8.4f %8.4f\n", threads[k], ts.steps, a, b, a / b,
-               ts_load[reps / 2], pt_load[reps / 2], ts.loss, pt.loss);
+               bench_upper_median(ts_load, (size_t)reps), bench_upper_median(pt_load, (size_t)reps), ts.loss, pt.loss);
         fflush(stdout);
     }
     return 0;

@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "kernels/alloc.h"
 #include "kernels/autograd.h"
 #include "kernels/nn/models.h"
@@ -41,12 +42,6 @@
 typedef struct {
     double ms, rss_mb, step_rss_mb, alloc_mb;
 } result;
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* A "VmRSS:" / "VmHWM:" field of /proc/self/status, in MiB. */
 static double proc_mb(const char *field) {
@@ -66,11 +61,6 @@ static void reset_hwm(void) {
         fputs("5", f);
         fclose(f);
     }
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 static ts_model_spec spec_of(const char *model, int64_t *batch, int64_t *classes) {
@@ -139,7 +129,7 @@ static int run_one(const char *model, int threads, int warmup, int steps, result
             rss_before = proc_mb("VmRSS:");
             ts_alloc_reset_peak();
         }
-        double t0 = now_ms();
+        double t0 = bench_now_ms();
         ts_model_zero_grad(m);
         ts_tensor *logits = ts_model_forward(m, x);
         ts_tensor *flat = logits ? ts_reshape(logits, 2, (int64_t[]){-1, classes}) : NULL;
@@ -155,15 +145,14 @@ static int run_one(const char *model, int threads, int warmup, int steps, result
             fprintf(stderr, "model_step: %s\n", ts_last_error());
             return 1;
         }
-        double t1 = now_ms();
+        double t1 = bench_now_ms();
         if (it >= warmup) times[it - warmup] = t1 - t0;
         if (last) {
             step_rss = proc_mb("VmHWM:") - rss_before;
             alloc_peak = (double)ts_alloc_get_stats().peak / (1 << 20);
         }
     }
-    qsort(times, (size_t)steps, sizeof *times, cmp_double);
-    r->ms = times[steps / 2];
+    r->ms = bench_upper_median(times, (size_t)steps);
     double hwm = proc_mb("VmHWM:");
     r->rss_mb = (hwm > hwm_before_last ? hwm : hwm_before_last) - rss0;
     r->step_rss_mb = step_rss;
@@ -176,25 +165,18 @@ static int run_one(const char *model, int threads, int warmup, int steps, result
     return 0;
 }
 
-/* Runs cmd and parses its "RESULT ms=.. rss_mb=.. step_rss_mb=.. [alloc_mb=..]" line. */
+/* Parses a child's "RESULT ms=.. rss_mb=.. step_rss_mb=.. [alloc_mb=..]" line. */
+static int parse_result(const char *line, void *out) {
+    result *r = out;
+    return sscanf(line, "RESULT ms=%lf rss_mb=%lf step_rss_mb=%lf alloc_mb=%lf", &r->ms, &r->rss_mb, &r->step_rss_mb,
+                  &r->alloc_mb) >= 3;
+}
+
+/* Runs cmd and reads its result line into r (alloc_mb -1 when the child
+ * does not report it); nonzero on failure. */
 static int run_child(const char *cmd, result *r) {
-    FILE *p = popen(cmd, "r");
-    if (!p) return 1;
-    char line[512];
-    int ok = 0;
     r->alloc_mb = -1;
-    while (fgets(line, sizeof line, p)) {
-        if (sscanf(line, "RESULT ms=%lf rss_mb=%lf step_rss_mb=%lf alloc_mb=%lf", &r->ms, &r->rss_mb,
-                   &r->step_rss_mb, &r->alloc_mb) >= 3)
-            ok = 1;
-        else fputs(line, stderr);
-    }
-    int rc = pclose(p);
-    if (!ok || rc != 0) {
-        fprintf(stderr, "model_step: '%s' failed (status %d)\n", cmd, rc);
-        return 1;
-    }
-    return 0;
+    return bench_run_child("model_step", cmd, parse_result, r);
 }
 
 int main(int argc, char **argv) {

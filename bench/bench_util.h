@@ -1,0 +1,60 @@
+/* bench_util.h - helpers shared by the benchmark programs: a monotonic
+ * clock in milliseconds, sorting and medians of timing samples, and running
+ * a child process whose "RESULT ..." line is parsed by the caller. Header
+ * only (static inline), included by each benchmark source that needs it. */
+#ifndef TS_BENCH_UTIL_H
+#define TS_BENCH_UTIL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* Milliseconds on the monotonic clock (only differences mean anything). */
+static inline double bench_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static inline int bench_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorts v[n] ascending in place. */
+static inline void bench_sort(double *v, size_t n) { qsort(v, n, sizeof *v, bench_cmp_double); }
+
+/* Sorts v[n] (n > 0) and returns its upper median v[n / 2]. */
+static inline double bench_upper_median(double *v, size_t n) {
+    bench_sort(v, n);
+    return v[n / 2];
+}
+
+/* Parses one output line of a child into out; nonzero when it was the
+ * result line, zero for any other line (which is echoed to stderr). */
+typedef int (*bench_parse_fn)(const char *line, void *out);
+
+/* Runs cmd through the shell, feeding each line of its stdout to parse.
+ * Returns 0 when some line parsed and the child exited 0; otherwise says
+ * on stderr which command failed (prefixed with bench) and returns 1. */
+static inline int bench_run_child(const char *bench, const char *cmd, bench_parse_fn parse, void *out) {
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        fprintf(stderr, "%s: cannot start '%s'\n", bench, cmd);
+        return 1;
+    }
+    char line[512];
+    int ok = 0;
+    while (fgets(line, sizeof line, p)) {
+        if (parse(line, out)) ok = 1;
+        else fputs(line, stderr);
+    }
+    int rc = pclose(p);
+    if (!ok || rc != 0) {
+        fprintf(stderr, "%s: '%s' failed (status %d)\n", bench, cmd, rc);
+        return 1;
+    }
+    return 0;
+}
+
+#endif
