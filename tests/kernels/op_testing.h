@@ -1,5 +1,5 @@
-/* op_testing.h - small helpers shared by the op tests: random f64 leaves
- * (contiguous and transposed), gradcheck with a readable failure, and
+/* op_testing.h - small helpers shared by the op tests: random leaves
+ * (f64 contiguous and transposed, or of any dtype), gradcheck with a readable failure, and
  * error-message checks. Include after <cmocka.h>. */
 #ifndef TS_TESTS_OP_TESTING_H
 #define TS_TESTS_OP_TESTING_H
@@ -18,6 +18,14 @@
 static inline ts_tensor *leaf(uint64_t seed, int nd, const int64_t *shape) {
     ts_tensor *t = ts_tensor_randn(ts_key_from_seed(seed), TS_F64, nd, shape);
     ts_set_requires_grad(t, true);
+    return t;
+}
+
+/* A standard-normal leaf of dtype dt requiring grad (asserts it was made). */
+static inline ts_tensor *leaf_of(uint64_t seed, ts_dtype dt, int nd, const int64_t *shape) {
+    ts_tensor *t = ts_tensor_randn(ts_key_from_seed(seed), dt, nd, shape);
+    assert_non_null(t);
+    assert_int_equal(ts_set_requires_grad(t, true), TS_OK);
     return t;
 }
 

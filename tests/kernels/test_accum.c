@@ -21,6 +21,7 @@
 #include "kernels/ops/loss.h"
 #include "kernels/ops/view.h"
 #include "kernels/optim/mixed.h"
+#include "model_testing.h"
 
 #define K 4
 #define B 3
@@ -33,40 +34,11 @@ typedef struct {
     ts_tensor *x, *y; /* the whole batch of K*B samples */
 } accum_case;
 
-static void make_data(accum_case *c) {
-    int64_t shape[TS_MAX_DIMS];
-    ts_dtype dt;
-    int nd = ts_model_input_shape(&c->spec, K * B, shape, &dt);
-    ts_tensor *u = ts_tensor_rand(ts_key_from_seed(5), TS_F32, nd, shape);
-    assert_non_null(u);
-    if (dt == TS_I64) {
-        c->x = ts_tensor_empty(TS_I64, nd, shape);
-        c->y = ts_tensor_empty(TS_I64, nd, shape);
-        for (int64_t i = 0; i < ts_tensor_numel(u); i++) {
-            int64_t tok = (int64_t)(ts_tensor_get(u, i) * (double)c->classes);
-            ts_tensor_set(c->x, i, (double)tok);
-            ts_tensor_set(c->y, i, (double)((tok * 5 + 1) % c->classes));
-        }
-        ts_tensor_release(u);
-    } else {
-        c->x = u;
-        c->y = ts_tensor_empty(TS_I64, 1, (int64_t[]){K * B});
-        for (int64_t i = 0; i < K * B; i++) ts_tensor_set(c->y, i, (double)((i * 7) % c->classes));
-    }
-}
+static void make_data(accum_case *c) { synth_data(&c->spec, K * B, c->classes, &c->x, &c->y); }
 
 /* Mean cross-entropy over samples [first, first + n) of the case's data. */
 static ts_tensor *loss_on(ts_model *m, const accum_case *c, int64_t first, int64_t n) {
-    ts_tensor *x = ts_narrow(c->x, 0, first, n), *y = ts_narrow(c->y, 0, first, n);
-    ts_tensor *out = ts_model_forward(m, x);
-    assert_non_null(out);
-    ts_tensor *flat = ts_reshape(out, 2, (int64_t[]){-1, c->classes});
-    ts_tensor *yflat = ts_reshape(y, 1, (int64_t[]){-1});
-    ts_tensor *loss = ts_cross_entropy(flat, yflat, -100, TS_REDUCTION_MEAN);
-    assert_non_null(loss);
-    ts_tensor *all[] = {x, y, out, flat, yflat};
-    for (int i = 0; i < 5; i++) ts_tensor_release(all[i]);
-    return loss;
+    return slice_loss(m, c->x, c->y, c->classes, first, n);
 }
 
 /* The gradient of the whole batch, accumulated over K micro-batches in way w

@@ -12,15 +12,7 @@
 #include "kernels/ops/conv.h"
 #include "kernels/ops/view.h"
 #include "kernels/tensor.h"
-
-#define SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
-
-static ts_tensor *leaf(uint64_t seed, ts_dtype dt, int nd, const int64_t *shape) {
-    ts_tensor *t = ts_tensor_randn(ts_key_from_seed(seed), dt, nd, shape);
-    assert_non_null(t);
-    assert_int_equal(ts_set_requires_grad(t, true), TS_OK);
-    return t;
-}
+#include "op_testing.h"
 
 static ts_conv2d_opts opts(int64_t s, int64_t p, int64_t d) {
     ts_conv2d_opts o = ts_conv2d_default_opts();
@@ -96,8 +88,8 @@ static ts_tensor *conv_fn(ts_tensor *const *in, void *vctx) {
 
 static void gradcheck_conv(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW,
                            ts_conv2d_opts o, bool bias, bool transpose_x) {
-    ts_tensor *in[3] = {leaf(5, TS_F64, SHAPE(N, C, H, W)), leaf(6, TS_F64, SHAPE(O, C, KH, KW)),
-                        leaf(7, TS_F64, SHAPE(O))};
+    ts_tensor *in[3] = {leaf_of(5, TS_F64, SHAPE(N, C, H, W)), leaf_of(6, TS_F64, SHAPE(O, C, KH, KW)),
+                        leaf_of(7, TS_F64, SHAPE(O))};
     conv_ctx c = {o, bias, transpose_x};
     ts_status st = ts_gradcheck(conv_fn, &c, bias ? 3 : 2, in, 1e-6, 1e-7, 1e-6);
     if (st) print_error("%s\n", ts_last_error());

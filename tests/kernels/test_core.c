@@ -10,6 +10,7 @@
 #include "kernels/alloc.h"
 #include "kernels/autograd.h"
 #include "kernels/ops/view.h"
+#include "../test_util.h"
 #include "kernels/tensor.h"
 
 #define SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
@@ -177,9 +178,7 @@ static void test_print_shows_dtype_shape_device_values(void **state) {
     FILE *f = tmpfile();
     ts_tensor_print(f, small, "x");
     ts_tensor_print(f, big, NULL);
-    rewind(f);
-    fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
+    tu_read_back(f, buf, sizeof buf);
     assert_non_null(strstr(buf, "x = tensor(dtype=f32, shape=[4], device=cpu)"));
     assert_non_null(strstr(buf, "0 1 2 3"));
     assert_non_null(strstr(buf, "tensor(dtype=i64, shape=[1000], device=cpu)"));

@@ -16,18 +16,18 @@
 
 #include "kernels/data/idx.h"
 #include "kernels/io/atomic.h"
+#include "../test_util.h"
 
 static char dir[256];
 
 static int setup(void **state) {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/ts_idx_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
+    return tu_make_tmp_dir(dir, sizeof dir, "ts_idx");
 }
 
 static int teardown(void **state) {
     (void)state;
-    return ts_io_remove_tree(dir) == TS_OK ? 0 : -1;
+    return tu_remove_dir(dir);
 }
 
 /* IDX bytes: magic (0, 0, type, ndim), big-endian dims, then count data

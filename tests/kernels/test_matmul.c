@@ -13,15 +13,7 @@
 #include "kernels/ops/matmul.h"
 #include "kernels/ops/view.h"
 #include "kernels/tensor.h"
-
-#define SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
-
-static ts_tensor *leaf(uint64_t seed, ts_dtype dt, int nd, const int64_t *shape) {
-    ts_tensor *t = ts_tensor_randn(ts_key_from_seed(seed), dt, nd, shape);
-    assert_non_null(t);
-    assert_int_equal(ts_set_requires_grad(t, true), TS_OK);
-    return t;
-}
+#include "op_testing.h"
 
 /* out[i,j] == sum_k a[i,k] b[k,j] for 2-D tensors of any strides */
 static void check_product(const ts_tensor *a, const ts_tensor *b, const ts_tensor *c, double tol) {
@@ -74,7 +66,7 @@ static ts_tensor *mm_fn(ts_tensor *const *in, void *vctx) {
 }
 
 static void gradcheck_pair(int na, const int64_t *sa, int nb, const int64_t *sb, bool ta, bool tb) {
-    ts_tensor *in[2] = {leaf(11, TS_F64, na, sa), leaf(12, TS_F64, nb, sb)};
+    ts_tensor *in[2] = {leaf_of(11, TS_F64, na, sa), leaf_of(12, TS_F64, nb, sb)};
     mm_ctx ctx = {ta, tb};
     ts_status st = ts_gradcheck(mm_fn, &ctx, 2, in, 1e-6, 1e-7, 1e-6);
     if (st) print_error("%s\n", ts_last_error());
@@ -160,8 +152,8 @@ static void test_gradcheck_strided(void **state) {
  * the two gradients: the transposed view is never copied */
 static void test_transposed_view_not_copied(void **state) {
     (void)state;
-    ts_tensor *x = leaf(31, TS_F32, SHAPE(4, 6, 32));
-    ts_tensor *w = leaf(32, TS_F32, SHAPE(16, 32));
+    ts_tensor *x = leaf_of(31, TS_F32, SHAPE(4, 6, 32));
+    ts_tensor *w = leaf_of(32, TS_F32, SHAPE(16, 32));
     ts_tensor *wt = ts_transpose(w, 0, 1);
     size_t n0 = ts_alloc_get_stats().n_allocs;
     ts_tensor *y = ts_matmul(x, wt);

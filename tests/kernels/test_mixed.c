@@ -24,6 +24,7 @@
 #include "kernels/ops/view.h"
 #include "kernels/optim/mixed.h"
 #include "kernels/optim/optim.h"
+#include "model_testing.h"
 
 typedef struct {
     ts_model_spec spec;
@@ -46,27 +47,7 @@ static mixed_case gpt_case(bool checkpoint) {
 }
 
 /* Fixed synthetic data: random inputs (or tokens) and labels by a rule. */
-static void make_data(mixed_case *c) {
-    int64_t shape[TS_MAX_DIMS];
-    ts_dtype dt;
-    int nd = ts_model_input_shape(&c->spec, c->n, shape, &dt);
-    ts_tensor *u = ts_tensor_rand(ts_key_from_seed(5), TS_F32, nd, shape);
-    assert_non_null(u);
-    if (dt == TS_I64) {
-        c->x = ts_tensor_empty(TS_I64, nd, shape);
-        c->y = ts_tensor_empty(TS_I64, nd, shape);
-        for (int64_t i = 0; i < ts_tensor_numel(u); i++) {
-            int64_t tok = (int64_t)(ts_tensor_get(u, i) * (double)c->classes);
-            ts_tensor_set(c->x, i, (double)tok);
-            ts_tensor_set(c->y, i, (double)((tok * 5 + 1) % c->classes));
-        }
-        ts_tensor_release(u);
-    } else {
-        c->x = u;
-        c->y = ts_tensor_empty(TS_I64, 1, (int64_t[]){c->n});
-        for (int64_t i = 0; i < c->n; i++) ts_tensor_set(c->y, i, (double)((i * 7) % c->classes));
-    }
-}
+static void make_data(mixed_case *c) { synth_data(&c->spec, c->n, c->classes, &c->x, &c->y); }
 
 static void free_data(mixed_case *c) {
     ts_tensor_release(c->x);
@@ -82,15 +63,7 @@ static ts_model *build(const mixed_case *c, ts_dtype compute) {
 
 /* Mean cross-entropy over samples [first, first + n), times scale. */
 static ts_tensor *loss_on(ts_model *m, const mixed_case *c, int64_t first, int64_t n, float scale) {
-    ts_tensor *x = ts_narrow(c->x, 0, first, n), *y = ts_narrow(c->y, 0, first, n);
-    ts_tensor *out = ts_model_forward(m, x);
-    assert_non_null(out);
-    ts_tensor *flat = ts_reshape(out, 2, (int64_t[]){-1, c->classes});
-    ts_tensor *yflat = ts_reshape(y, 1, (int64_t[]){-1});
-    ts_tensor *loss = ts_cross_entropy(flat, yflat, -100, TS_REDUCTION_MEAN);
-    assert_non_null(loss);
-    ts_tensor *all[] = {x, y, out, flat, yflat};
-    for (int i = 0; i < 5; i++) ts_tensor_release(all[i]);
+    ts_tensor *loss = slice_loss(m, c->x, c->y, c->classes, first, n);
     if (scale != 1.0f) {
         ts_tensor *s = ts_mul_scalar(loss, scale);
         ts_tensor_release(loss);

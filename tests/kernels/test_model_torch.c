@@ -27,6 +27,7 @@
 #include "kernels/ops/loss.h"
 #include "kernels/ops/view.h"
 #include "kernels/optim/optim.h"
+#include "../test_util.h"
 
 #define STEPS 5
 #define ADAMW_LR 1e-3
@@ -45,14 +46,12 @@ typedef struct {
 
 static int setup(void **state) {
     (void)state;
-    return mkdtemp(dir) ? 0 : -1;
+    return tu_make_tmp_dir(dir, sizeof dir, "tessera_model_torch");
 }
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_remove_dir(dir);
 }
 
 static void path_of(char *out, size_t n, const model_case *c, const char *what) {
@@ -213,14 +212,9 @@ static void run_case(const model_case *c) {
     sgd.weight_decay = WD;
     train(c, &sgd, SGD_LR, "sgd");
 
-    const char *src = getenv("TESSERA_SOURCE_DIR");
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/kernels/model_torch.py %s %s 2>&1", src ? src : ".", dir,
-             c->tag);
-    int rc = system(cmd);
-    if (rc == -1 || !WIFEXITED(rc) || WEXITSTATUS(rc) != 0)
-        fail_msg("'%s' failed (exit %d)%s", cmd, WIFEXITED(rc) ? WEXITSTATUS(rc) : -1,
-                 WIFEXITED(rc) && WEXITSTATUS(rc) == 2 ? ": torch is not importable from /usr/bin/python3" : "");
+    char args[512];
+    snprintf(args, sizeof args, "%s %s 2>&1", dir, c->tag);
+    tu_run_python("tests/kernels/model_torch.py", args, 2);
 }
 
 static void test_gpt_matches_torch(void **state) {

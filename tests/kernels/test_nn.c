@@ -12,6 +12,7 @@
 #include "kernels/nn/module.h"
 #include "kernels/ops/loss.h"
 #include "kernels/ops/view.h"
+#include "../test_util.h"
 
 static ts_model_spec tiny_gpt(bool checkpoint) {
     ts_model_spec s = {.arch = TS_ARCH_GPT, .checkpoint = checkpoint};
@@ -60,9 +61,7 @@ static void test_gpt_names_grads_and_summary(void **state) {
     FILE *f = tmpfile();
     assert_int_equal(ts_model_summary(m, f, TS_I64, 2, (int64_t[]){2, 8}), TS_OK);
     char buf[8192] = {0};
-    rewind(f);
-    fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
+    tu_read_back(f, buf, sizeof buf);
     assert_non_null(strstr(buf, "blocks.0.attn"));
     assert_non_null(strstr(buf, "[2,8,32]"));
     assert_non_null(strstr(buf, "Total params: 7232"));

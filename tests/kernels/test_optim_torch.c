@@ -21,6 +21,7 @@
 #include "kernels/optim/optim.h"
 #include "kernels/optim/schedule.h"
 #include "kernels/rng.h"
+#include "../test_util.h"
 
 #define STEPS 5
 #define TOL 1e-5
@@ -61,7 +62,7 @@ static void write_file(const char *name, const void *data, size_t n) {
 
 static int setup(void **state) {
     (void)state;
-    if (!mkdtemp(dir)) return -1;
+    if (tu_make_tmp_dir(dir, sizeof dir, "tessera_optim")) return -1;
     ts_rng_normal_f32(ts_key_from_seed(2024), 0, N, params0);
     for (int t = 0; t < STEPS; t++) {
         ts_rng_normal_f32(ts_key_split(ts_key_from_seed(2025), (uint64_t)t), 0, N, grads[t]);
@@ -82,15 +83,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    const char *files[] = {"layout.txt", "params.f32", "grads.f32", "lrs.f64", "case.txt", "torch_adamw.f32",
-                           "torch_adam.f32", "torch_sgd.f32", "torch_nesterov.f32"};
-    char path[256];
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-        unlink(path);
-    }
-    rmdir(dir);
-    return 0;
+    return tu_remove_dir(dir);
 }
 
 /* Runs optim_torch.py for case c; fills want[STEPS][N]. */
@@ -105,14 +98,9 @@ static void run_torch(const parity_case *c, const double *lrs, float want[STEPS]
                        c->cfg.weight_decay, c->cfg.momentum, c->cfg.dampening, c->cfg.beta1, c->cfg.beta2,
                        c->cfg.eps, c->max_norm);
     write_file("case.txt", text, (size_t)len);
-    const char *src = getenv("TESSERA_SOURCE_DIR");
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/kernels/optim_torch.py %s %s", src ? src : ".", dir,
-             c->name);
-    int rc = system(cmd);
-    if (rc == -1 || !WIFEXITED(rc) || WEXITSTATUS(rc) != 0)
-        fail_msg("'%s' failed (exit %d)%s", cmd, WIFEXITED(rc) ? WEXITSTATUS(rc) : -1,
-                 WIFEXITED(rc) && WEXITSTATUS(rc) == 3 ? ": torch is not importable from /usr/bin/python3" : "");
+    char args[512];
+    snprintf(args, sizeof args, "%s %s", dir, c->name);
+    tu_run_python("tests/kernels/optim_torch.py", args, 3);
     char path[256];
     snprintf(path, sizeof path, "%s/torch_%s.f32", dir, c->name);
     FILE *f = fopen(path, "rb");

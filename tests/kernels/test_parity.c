@@ -31,6 +31,7 @@
 #include "kernels/ops/norm.h"
 #include "kernels/ops/pool.h"
 #include "kernels/ops/softmax.h"
+#include "../test_util.h"
 
 #define SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
 #define MAX_IN 4
@@ -225,15 +226,12 @@ static char parity_dir[64];
 
 static int make_dir(void **state) {
     (void)state;
-    strcpy(parity_dir, "/tmp/tessera-parity-XXXXXX");
-    return mkdtemp(parity_dir) ? 0 : -1;
+    return tu_make_tmp_dir(parity_dir, sizeof parity_dir, "tessera-parity");
 }
 
 static int remove_dir(void **state) {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", parity_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_remove_dir(parity_dir);
 }
 
 static void test_against_torch(void **state) {
@@ -246,16 +244,7 @@ static void test_against_torch(void **state) {
     json_t *root = json_pack("{s:o}", "cases", m.cases);
     assert_int_equal(json_dump_file(root, path, JSON_INDENT(1)), 0);
     json_decref(root);
-    const char *src = getenv("TESSERA_SOURCE_DIR");
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/kernels/parity_torch.py %s 2>&1", src ? src : ".", m.dir);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    char line[512];
-    while (fgets(line, sizeof line, p)) fputs(line, stdout);
-    int rc = pclose(p);
-    assert_true(WIFEXITED(rc));
-    assert_int_equal(WEXITSTATUS(rc), 0);
+    tu_run_python("tests/kernels/parity_torch.py", m.dir, 2);
 }
 
 int main(void) {

@@ -18,6 +18,7 @@
 #include "kernels/io/atomic.h"
 #include "kernels/io/safetensors.h"
 #include "kernels/ops/view.h"
+#include "../test_util.h"
 
 #define SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
 
@@ -25,13 +26,12 @@ static char dir[256];
 
 static int setup(void **state) {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/ts_safetensors_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
+    return tu_make_tmp_dir(dir, sizeof dir, "ts_safetensors");
 }
 
 static int teardown(void **state) {
     (void)state;
-    return ts_io_remove_tree(dir) == TS_OK ? 0 : -1;
+    return tu_remove_dir(dir);
 }
 
 static void path_in(char *out, const char *name) { snprintf(out, 512, "%s/%s", dir, name); }

@@ -15,6 +15,7 @@
 
 #include "kernels/io/atomic.h"
 #include "kernels/io/safetensors.h"
+#include "../test_util.h"
 
 #define SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
 
@@ -45,8 +46,7 @@ static void expect(const ts_safetensors *st, const char *name, ts_dtype dt, int 
 static void test_torch_interop(void **state) {
     (void)state;
     char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/ts_st_torch_XXXXXX");
-    assert_non_null(mkdtemp(dir));
+    assert_int_equal(tu_make_tmp_dir(dir, sizeof dir, "ts_st_torch"), 0);
     char ours[128], theirs[128];
     snprintf(ours, sizeof ours, "%s/tessera.safetensors", dir);
     snprintf(theirs, sizeof theirs, "%s/torch.safetensors", dir);
@@ -59,12 +59,9 @@ static void test_torch_interop(void **state) {
     const char *mk[] = {"written_by"}, *mv[] = {"tessera"};
     assert_int_equal(ts_safetensors_write(ours, 8, names, ts, 1, mk, mv), TS_OK);
     for (int i = 0; i < 8; i++) ts_tensor_release(ts[i]);
-    const char *src = getenv("TESSERA_SOURCE_DIR");
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/kernels/safetensors_torch.py %s %s", src ? src : ".", ours,
-             theirs);
-    int rc = system(cmd);
-    if (rc != 0) fail_msg("'%s' failed (status %d): PyTorch could not read Tessera's file or is not installed", cmd, rc);
+    char args[300];
+    snprintf(args, sizeof args, "%s %s", ours, theirs);
+    tu_run_python("tests/kernels/safetensors_torch.py", args, 3); /* fails too when PyTorch cannot read our file */
     ts_safetensors *st = ts_safetensors_open(theirs);
     if (!st) fail_msg("%s", ts_last_error());
     assert_int_equal(st->n, 6);

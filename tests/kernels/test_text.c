@@ -16,18 +16,18 @@
 #include "kernels/data/loader.h"
 #include "kernels/data/text.h"
 #include "kernels/io/atomic.h"
+#include "../test_util.h"
 
 static char dir[256];
 
 static int setup(void **state) {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/ts_text_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
+    return tu_make_tmp_dir(dir, sizeof dir, "ts_text");
 }
 
 static int teardown(void **state) {
     (void)state;
-    return ts_io_remove_tree(dir) == TS_OK ? 0 : -1;
+    return tu_remove_dir(dir);
 }
 
 static void put(const char *rel, const char *text) {

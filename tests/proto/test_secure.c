@@ -15,20 +15,18 @@
 
 #include "proto/secure.h"
 #include "proto/wire.h"
+#include "../test_util.h"
 
 static char dir[256];
 
 static int setup(void **state) {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/tessera-secure-XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
+    return tu_make_tmp_dir(dir, sizeof dir, "tessera-secure");
 }
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    return system(cmd);
+    return tu_remove_dir(dir);
 }
 
 static void path_in(char *out, size_t cap, const char *name) {
