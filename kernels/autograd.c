@@ -112,26 +112,12 @@ void ts_node_release(ts_node *node) {
 
 /* ---- gradient arithmetic used by the engine ---- */
 
-/* dst += src elementwise; same shape, any strides, float dtypes. */
-static void add_into(ts_tensor *dst, const ts_tensor *src) {
-    int64_t n = ts_tensor_numel(dst);
-    if (dst->dtype == TS_F32 && src->dtype == TS_F32 && ts_tensor_is_contiguous(dst) && ts_tensor_is_contiguous(src)) {
-        float *d = ts_f32(dst);
-        const float *s = ts_f32(src);
-#pragma omp parallel for simd if (n > 65536)
-        for (int64_t i = 0; i < n; i++) d[i] += s[i];
-        return;
-    }
-    ts_tensor_add_(dst, src);
-}
-
 ts_status ts_grad_accumulate(ts_tensor **slot, const ts_tensor *src) {
     if (*slot) {
         if (!ts_tensor_same_shape(*slot, src))
             return ts_error(TS_ERR_SHAPE, "backward: gradient %s does not match .grad %s", ts_shape_str(src),
                             ts_shape_str(*slot));
-        add_into(*slot, src);
-        return TS_OK;
+        return ts_tensor_add_(*slot, src);
     }
     *slot = ts_tensor_copy_as(src, src->dtype);
     return *slot ? TS_OK : ts_last_status();
@@ -146,7 +132,11 @@ static ts_status accumulate_pending(ts_tensor **slot, ts_tensor *src) {
     }
     ts_tensor *sum = ts_tensor_copy_as(*slot, (*slot)->dtype);
     if (!sum) return ts_last_status();
-    add_into(sum, src);
+    ts_status st = ts_tensor_add_(sum, src);
+    if (st) {
+        ts_tensor_release(sum);
+        return st;
+    }
     ts_tensor_release(*slot);
     *slot = sum;
     return TS_OK;

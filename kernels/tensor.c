@@ -296,7 +296,13 @@ ts_status ts_tensor_add_(ts_tensor *dst, const ts_tensor *src) {
     if (!ts_tensor_same_shape(dst, src))
         return ts_error(TS_ERR_SHAPE, "add_: destination %s and source %s differ", ts_shape_str(dst),
                         ts_shape_str(src));
-    if (dst->dtype == TS_F32 && src->dtype == TS_F32) {
+    if (dst->dtype == TS_F32 && src->dtype == TS_F32 && ts_tensor_is_contiguous(dst) && ts_tensor_is_contiguous(src)) {
+        float *dp = ts_f32(dst);
+        const float *sp = ts_f32(src);
+        int64_t n = ts_tensor_numel(dst);
+#pragma omp parallel for simd if (n > 65536)
+        for (int64_t i = 0; i < n; i++) dp[i] += sp[i];
+    } else if (dst->dtype == TS_F32 && src->dtype == TS_F32) {
         float *dp = dst->storage->data;
         const float *sp = src->storage->data;
         ROW_WALK(dst, src, dp[d] += sp[s]);

@@ -287,10 +287,12 @@ ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples) {
 ts_status ts_trainer_apply(ts_trainer *t, double *lr, double *grad_norm) {
     ts_model *m = t->model;
     float *grads = ts_f32(m->flat_grads);
-    double norm = sqrt(ts_clip_sq_norm(grads, m->numel));
-    if (t->job.optimizer.clip_norm > 0) {
+    double norm = 0;
+    if (t->job.optimizer.clip_norm > 0) { /* clipping measures the norm itself */
         ts_status st = ts_clip_grad_norm(grads, m->numel, t->job.optimizer.clip_norm, true, &norm);
         if (st) return st;
+    } else {
+        norm = sqrt(ts_clip_sq_norm(grads, m->numel));
     }
     *grad_norm = norm;
     *lr = ts_schedule_lr(&t->schedule, t->step);
