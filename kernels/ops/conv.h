@@ -3,14 +3,14 @@
  * x [N, C, H, W] and weight [O, C, KH, KW] of one float dtype (f32 or f64;
  * bf16 is rejected), an optional bias [O]. The output is
  * [N, O, Ho, Wo] with Ho = (H + 2 pad_h - dil_h (KH - 1) - 1) / stride_h + 1
- * (likewise Wo). Only groups = 1. The batch is processed in chunks of
- * images whose columns fit about 1 MiB: forward unfolds a chunk (im2col,
- * OpenMP over images and channels), multiplies it by the weight in one GEMM
- * and adds the bias while moving the result to NCHW; backward recomputes
- * each chunk's columns for the weight gradient (GEMMs accumulated over
- * chunks), gets the input gradient from a GEMM then col2im only when the
- * input needs one, and the bias gradient by summing. Inputs of any strides
- * are accepted (copied to contiguous first).
+ * (likewise Wo). Only groups = 1. Stride-1 convolutions whose padding is
+ * at most the dilated kernel's reach run as register-blocked direct loops
+ * over zero-padded images (no column matrix; the input gradient is the
+ * same loop over the padded output gradient with flipped weights); other
+ * geometries unfold chunks of images (im2col) for one GEMM per chunk, with
+ * GEMM + col2im backward. See kernels/ops/cpu/conv_cpu.h. Inputs of any
+ * strides are accepted (copied to contiguous first); the input gradient is
+ * computed only when the input needs one.
  */
 #ifndef TS_OPS_CONV_H
 #define TS_OPS_CONV_H

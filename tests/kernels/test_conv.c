@@ -1,6 +1,7 @@
 /* test_conv.c - conv2d against a direct loop, gradcheck over strides,
- * padding, dilation, with and without bias, non-contiguous inputs, and the
- * error messages. */
+ * padding, dilation, with and without bias, non-contiguous inputs, f32
+ * gradients of shapes that cover every block size of both implementations
+ * against the definition, and the error messages. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -109,18 +110,74 @@ static void test_gradcheck(void **state) {
 /* only some operands need gradients: each backward branch alone */
 static void test_partial_grads(void **state) {
     (void)state;
-    for (int want = 0; want < 3; want++) {
+    for (int want = 0; want < 6; want++) {
         ts_tensor *in[3] = {ts_tensor_randn(ts_key_from_seed(5), TS_F64, SHAPE(2, 2, 5, 5)),
                             ts_tensor_randn(ts_key_from_seed(6), TS_F64, SHAPE(3, 2, 3, 3)),
                             ts_tensor_randn(ts_key_from_seed(7), TS_F64, SHAPE(3))};
-        ts_set_requires_grad(in[want], true);
-        conv_ctx c = {opts(2, 1, 1), true, false};
+        ts_set_requires_grad(in[want % 3], true);
+        conv_ctx c = {opts(want < 3 ? 2 : 1, 1, 1), true, false}; /* im2col + GEMM, then direct */
         assert_int_equal(ts_gradcheck(conv_fn, &c, 3, in, 1e-6, 1e-7, 1e-6), TS_OK);
         for (int i = 0; i < 3; i++) {
-            if (i != want) assert_null(in[i]->grad);
+            if (i != want % 3) assert_null(in[i]->grad);
             ts_tensor_release(in[i]);
         }
     }
+}
+
+/* The f32 gradients of conv2d for output gradient r against the
+ * definition summed in double: dw = sum r x, dx = sum r w, db = sum r. */
+static void check_grads(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW,
+                        ts_conv2d_opts o) {
+    ts_tensor *x = leaf_of(11, TS_F32, SHAPE(N, C, H, W)), *w = leaf_of(12, TS_F32, SHAPE(O, C, KH, KW));
+    ts_tensor *b = leaf_of(13, TS_F32, SHAPE(O));
+    ts_tensor *y = ts_conv2d(x, w, b, &o);
+    assert_non_null(y);
+    int64_t Ho = y->shape[2], Wo = y->shape[3];
+    ts_tensor *r = ts_tensor_randn(ts_key_from_seed(14), TS_F32, 4, y->shape);
+    assert_int_equal(ts_backward(y, r), TS_OK);
+    ts_tensor *dx = ts_tensor_zeros(TS_F64, SHAPE(N, C, H, W)), *dw = ts_tensor_zeros(TS_F64, SHAPE(O, C, KH, KW));
+    ts_tensor *db = ts_tensor_zeros(TS_F64, SHAPE(O));
+    double *gx = ts_f64(dx), *gw = ts_f64(dw), *gb = ts_f64(db);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t oc = 0; oc < O; oc++)
+            for (int64_t i = 0; i < Ho; i++)
+                for (int64_t j = 0; j < Wo; j++) {
+                    double g = ts_tensor_get(r, ((n * O + oc) * Ho + i) * Wo + j);
+                    gb[oc] += g;
+                    for (int64_t c = 0; c < C; c++)
+                        for (int64_t kh = 0; kh < KH; kh++)
+                            for (int64_t kw = 0; kw < KW; kw++) {
+                                int64_t ih = i * o.stride_h - o.pad_h + kh * o.dil_h;
+                                int64_t iw = j * o.stride_w - o.pad_w + kw * o.dil_w;
+                                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                                int64_t xi = ((n * C + c) * H + ih) * W + iw, wi = ((oc * C + c) * KH + kh) * KW + kw;
+                                gw[wi] += g * ts_tensor_get(x, xi);
+                                gx[xi] += g * ts_tensor_get(w, wi);
+                            }
+                }
+    const ts_tensor *want[] = {dx, dw, db}, *got[] = {x->grad, w->grad, b->grad};
+    for (int k = 0; k < 3; k++) {
+        assert_non_null(got[k]);
+        for (int64_t i = 0; i < ts_tensor_numel(want[k]); i++) {
+            double a = ts_tensor_get(want[k], i), e = ts_tensor_get(got[k], i) - a;
+            assert_true(e < 1e-4 * (1 + (a < 0 ? -a : a)) && -e < 1e-4 * (1 + (a < 0 ? -a : a)));
+        }
+    }
+    ts_tensor *all[] = {x, w, b, y, r, dx, dw, db};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ts_tensor_release(all[i]);
+}
+
+static void test_grads_f32(void **state) {
+    (void)state;
+    /* stride 1: rows of 17 (blocks of 14, 2, 1), 40 channels (a pair of
+     * vectors and a single), 27 taps, 10 images in 8 groups */
+    check_grads(10, 3, 20, 17, 40, 3, 3, opts(1, 1, 1));
+    ts_conv2d_opts o = opts(1, 2, 1);
+    o.pad_w = 1;
+    o.dil_w = 2;
+    check_grads(3, 5, 9, 11, 7, 5, 3, o); /* rectangular kernel, padding and dilation */
+    check_grads(4, 2, 10, 10, 5, 3, 3, opts(2, 1, 1)); /* stride 2: im2col + GEMM */
+    check_grads(2, 3, 6, 6, 4, 1, 1, opts(1, 1, 1));   /* padding beyond a 1x1 kernel: im2col + GEMM */
 }
 
 static void test_rectangular_options(void **state) {
@@ -175,6 +232,7 @@ int main(void) {
         cmocka_unit_test(test_values),
         cmocka_unit_test(test_gradcheck),
         cmocka_unit_test(test_partial_grads),
+        cmocka_unit_test(test_grads_f32),
         cmocka_unit_test(test_rectangular_options),
         cmocka_unit_test(test_errors),
     };
