@@ -290,8 +290,10 @@ static ts_status map_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     ts_tensor *gc = ts_to_dtype(g, x->dtype);
     if (!gc) return ts_last_status();
     ts_tensor *gx = ts_tensor_empty(x->dtype, x->ndim, x->shape);
+    const void *gd = ts_tensor_data(gc);
     if (gx)
-        op->bwd[x->dtype == TS_F64](ts_tensor_data(gc), ts_tensor_data(x), ts_tensor_data(y), ts_tensor_data(gx),
+        op->bwd[x->dtype == TS_F64](gd, op->uses & TS_MAP_USES_X ? ts_tensor_data(x) : gd,
+                                    op->uses & TS_MAP_USES_Y ? ts_tensor_data(y) : gd, ts_tensor_data(gx),
                                     ts_tensor_numel(x), n->fargs[0]);
     ts_tensor_release(gc);
     gin[0] = gx;
@@ -310,7 +312,8 @@ ts_tensor *ts_map_apply(const ts_map_op *op, ts_tensor *x0, double p) {
         if (n) {
             n->ctx = (void *)op; /* static, never freed */
             n->fargs[0] = p;
-            ts_node_save(n, 0, out);
+            if (op->uses & TS_MAP_USES_Y) ts_node_save(n, 0, out);
+            if (!(op->uses & TS_MAP_USES_X)) ts_node_forget_input_data(n, 0);
         }
     }
     ts_tensor_release(x);
@@ -321,35 +324,35 @@ ts_tensor *ts_map_apply(const ts_map_op *op, ts_tensor *x0, double p) {
 
 #define NEG_F(T, x, p) (-(x))
 #define NEG_B(T, g, x, y, p) (-(g))
-TS_MAP_KERNELS(neg, NEG_F, NEG_B)
+TS_MAP_KERNELS(neg, NEG_F, NEG_B, 0)
 
 #define ADDS_F(T, x, p) ((x) + (p))
 #define ADDS_B(T, g, x, y, p) (g)
-TS_MAP_KERNELS(add_scalar, ADDS_F, ADDS_B)
+TS_MAP_KERNELS(add_scalar, ADDS_F, ADDS_B, 0)
 
 #define MULS_F(T, x, p) ((x) * (p))
 #define MULS_B(T, g, x, y, p) ((g) * (p))
-TS_MAP_KERNELS(mul_scalar, MULS_F, MULS_B)
+TS_MAP_KERNELS(mul_scalar, MULS_F, MULS_B, 0)
 
 #define POW_F(T, x, p) pow(x, p)
 #define POW_B(T, g, x, y, p) ((p) == 0 ? (T)0 : (g) * (p)*pow(x, (p) - (T)1))
-TS_MAP_KERNELS(pow_scalar, POW_F, POW_B)
+TS_MAP_KERNELS(pow_scalar, POW_F, POW_B, TS_MAP_USES_X)
 
 #define EXP_F(T, x, p) exp(x)
 #define EXP_B(T, g, x, y, p) ((g) * (y))
-TS_MAP_KERNELS(exp, EXP_F, EXP_B)
+TS_MAP_KERNELS(exp, EXP_F, EXP_B, TS_MAP_USES_Y)
 
 #define LOG_F(T, x, p) log(x)
 #define LOG_B(T, g, x, y, p) ((g) / (x))
-TS_MAP_KERNELS(log, LOG_F, LOG_B)
+TS_MAP_KERNELS(log, LOG_F, LOG_B, TS_MAP_USES_X)
 
 #define SQRT_F(T, x, p) sqrt(x)
 #define SQRT_B(T, g, x, y, p) ((g) / ((T)2 * (y)))
-TS_MAP_KERNELS(sqrt, SQRT_F, SQRT_B)
+TS_MAP_KERNELS(sqrt, SQRT_F, SQRT_B, TS_MAP_USES_Y)
 
 #define ABS_F(T, x, p) fabs(x)
 #define ABS_B(T, g, x, y, p) ((x) > 0 ? (g) : (x) < 0 ? -(g) : (T)0)
-TS_MAP_KERNELS(abs, ABS_F, ABS_B)
+TS_MAP_KERNELS(abs, ABS_F, ABS_B, TS_MAP_USES_X)
 
 ts_tensor *ts_neg(ts_tensor *a) { return ts_map_apply(&neg_map, a, 0); }
 ts_tensor *ts_add_scalar(ts_tensor *a, double s) { return ts_map_apply(&add_scalar_map, a, s); }

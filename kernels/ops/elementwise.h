@@ -52,27 +52,33 @@ ts_tensor *ts_float_input(const char *op, const char *arg, ts_tensor *x);
 
 /* A pointwise op: array kernels per dtype (index 0 f32, 1 f64).
  * fwd: y[i] = f(x[i]; p). bwd: gx[i] = g[i] * f'(x[i]) written from
- * (g, x, y, p) where y is the forward output. */
+ * (g, x, y, p) where y is the forward output; `uses` says which of x and y
+ * it reads (TS_MAP_USES_X | TS_MAP_USES_Y), and only those are kept for
+ * backward (an unused one is passed as g). */
+#define TS_MAP_USES_X 1u
+#define TS_MAP_USES_Y 2u
 typedef void (*ts_map_fwd_fn)(const void *x, void *y, int64_t n, double p);
 typedef void (*ts_map_bwd_fn)(const void *g, const void *x, const void *y, void *gx, int64_t n, double p);
 typedef struct {
     const char *op;
     ts_map_fwd_fn fwd[2];
     ts_map_bwd_fn bwd[2];
+    unsigned uses;
 } ts_map_op;
 
 /* Applies a pointwise op to x (any strides, f32/f64/bf16) with parameter p,
- * recording backward (which saves x and the output). */
+ * recording backward (which keeps x and/or the output, as op->uses says). */
 ts_tensor *ts_map_apply(const ts_map_op *op, ts_tensor *x, double p);
 
 /* Defines the kernels of pointwise op `name` from two element macros
  * FWD(T, x, p) and BWD(T, g, x, y, p) (expressions of type T; include
  * <tgmath.h> so exp/tanh/... pick the float or double function), and
- * `static const ts_map_op name##_map`. */
-#define TS_MAP_KERNELS(name, FWD, BWD)                                                              \
+ * `static const ts_map_op name##_map`; USES: what BWD reads of x and y. */
+#define TS_MAP_KERNELS(name, FWD, BWD, USES)                                                        \
     TS_MAP_KERNELS_T_(name, float, f32, FWD, BWD)                                                   \
     TS_MAP_KERNELS_T_(name, double, f64, FWD, BWD)                                                  \
-    static const ts_map_op name##_map = {#name, {name##_fwd_f32, name##_fwd_f64}, {name##_bwd_f32, name##_bwd_f64}};
+    static const ts_map_op name##_map = {#name, {name##_fwd_f32, name##_fwd_f64},                  \
+                                         {name##_bwd_f32, name##_bwd_f64}, (USES)};
 
 #define TS_MAP_KERNELS_T_(name, T, S, FWD, BWD)                                                     \
     static void name##_fwd_##S(const void *xv, void *yv, int64_t n, double pd) {                    \

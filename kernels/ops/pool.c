@@ -133,6 +133,15 @@ POOL_KERNELS(double)
 
 #define DISPATCH(dt, fn, ...) ((dt) == TS_F32 ? fn##_float(__VA_ARGS__) : fn##_double(__VA_ARGS__))
 
+/* The geometry of a window k = {kh, kw, sh, sw, ph, pw} over an input of
+ * shape [N,C,H,W] (already checked). */
+static void pool_geometry(const int64_t *shape, const int64_t *k, pool_geom *g) {
+    *g = (pool_geom){.planes = shape[0] * shape[1], .H = shape[2], .W = shape[3], .kh = k[0], .kw = k[1],
+                     .sh = k[2], .sw = k[3], .ph = k[4], .pw = k[5]};
+    g->Ho = (g->H + 2 * g->ph - g->kh) / g->sh + 1;
+    g->Wo = (g->W + 2 * g->pw - g->kw) / g->sw + 1;
+}
+
 /* Checks x and the window for op and fills g. k = {kh, kw, sh, sw, ph, pw}. */
 static ts_status pool_check(const char *op, const ts_tensor *x, const int64_t *k, pool_geom *g) {
     if (ts_check_tensor(op, "input", x, TS_FLOATS)) return ts_last_status();
@@ -144,18 +153,16 @@ static ts_status pool_check(const char *op, const ts_tensor *x, const int64_t *k
                         "must be >= 1, padding between 0 and half the kernel",
                         op, (long long)k[0], (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4],
                         (long long)k[5], ts_shape_str(x));
-    *g = (pool_geom){.planes = x->shape[0] * x->shape[1], .H = x->shape[2], .W = x->shape[3], .kh = k[0],
-                     .kw = k[1], .sh = k[2], .sw = k[3], .ph = k[4], .pw = k[5]};
-    if (g->H + 2 * g->ph < g->kh || g->W + 2 * g->pw < g->kw)
+    if (x->shape[2] + 2 * k[4] < k[0] || x->shape[3] + 2 * k[5] < k[1])
         return ts_error(TS_ERR_SHAPE, "%s: kernel %lldx%lld does not fit input %s padded by %lldx%lld", op,
-                        (long long)g->kh, (long long)g->kw, ts_shape_str(x), (long long)g->ph, (long long)g->pw);
-    g->Ho = (g->H + 2 * g->ph - g->kh) / g->sh + 1;
-    g->Wo = (g->W + 2 * g->pw - g->kw) / g->sw + 1;
+                        (long long)k[0], (long long)k[1], ts_shape_str(x), (long long)k[4], (long long)k[5]);
+    pool_geometry(x->shape, k, g);
     return TS_OK;
 }
 
-/* The geometry a node was recorded with (window in iargs[0..5]). */
-static void node_geom(const ts_node *n, pool_geom *g) { pool_check(n->op, n->inputs[0], n->iargs, g); }
+/* The geometry a node was recorded with (window in iargs[0..5]); the input
+ * is only its shape (see ts_node_forget_input_data). */
+static void node_geom(const ts_node *n, pool_geom *g) { pool_geometry(n->inputs[0]->shape, n->iargs, g); }
 
 /* A contiguous version of t (retained, or a copy without history). */
 static ts_tensor *dense(const ts_tensor *t) {
@@ -201,7 +208,9 @@ static ts_tensor *pool2d(const char *op, bool is_max, ts_tensor *x, const int64_
     else
         DISPATCH(x->dtype, avg_fwd, &g, ts_tensor_data(xd), ts_tensor_data(out));
     ts_tensor_release(xd);
+    /* backward reads the saved indices (max) or nothing (average) of x */
     ts_node *n = ts_autograd_record(out, op, pool_backward, 1, &x);
+    ts_node_forget_input_data(n, 0);
     if (n) {
         memcpy(n->iargs, k, 6 * sizeof *k);
         if (idx) ts_node_save(n, 0, idx);
