@@ -1,9 +1,12 @@
-/* alloc.c - size-class caching allocator. */
+/* alloc.c - caching allocator: size classes for small blocks, a
+ * coalescing segment pool for large ones. */
 #include "kernels/alloc.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 #include "kernels/status.h"
 
@@ -36,7 +39,149 @@ static int size_class(size_t n, size_t *block) {
     return SMALL_LIMIT / 64 + (log2 - 12) * 8 + (int)k - 1;
 }
 
+/* ---- large blocks ----
+ *
+ * Requests of LARGE_MIN bytes or more come from segments mapped with mmap
+ * (page aligned; RSS counts only the pages a tensor has touched). A segment
+ * is a list of blocks in address order; a request takes the smallest free
+ * block that fits (best fit over all segments), split when the rest is at
+ * least SPLIT_MIN, else a new segment of the request rounded up to
+ * SEGMENT_ROUND. A freed block merges with its free neighbours, so memory
+ * freed by one size serves the next size (a training step's activations
+ * change size layer by layer); segments go back to the system only in
+ * ts_alloc_empty_cache(). The pool holds a few hundred blocks at most, so
+ * the searches are linear. */
+#define LARGE_MIN ((size_t)128 << 10)
+#define LARGE_ROUND ((size_t)4 << 10)
+#define SPLIT_MIN ((size_t)64 << 10)
+#define SEGMENT_ROUND ((size_t)2 << 20)
+
+typedef struct lblock {
+    char *ptr;
+    size_t size;
+    bool free;
+    struct lblock *prev, *next; /* neighbours in the segment, by address */
+} lblock;
+
+typedef struct segment {
+    char *base;
+    size_t size;
+    lblock *first;
+    struct segment *next;
+} segment;
+
+static segment *segments;
+
+/* The smallest free block of at least n bytes, or NULL. */
+static lblock *best_fit(size_t n) {
+    lblock *best = NULL;
+    for (segment *s = segments; s; s = s->next)
+        for (lblock *b = s->first; b; b = b->next)
+            if (b->free && b->size >= n && (!best || b->size < best->size)) best = b;
+    return best;
+}
+
+/* A new segment of at least n bytes holding one free block; NULL if the
+ * system refuses. */
+static lblock *new_segment(size_t n) {
+    size_t size = (n + SEGMENT_ROUND - 1) / SEGMENT_ROUND * SEGMENT_ROUND;
+    segment *s = malloc(sizeof *s);
+    lblock *b = malloc(sizeof *b);
+    void *base = s && b ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
+    if (base == MAP_FAILED) {
+        free(s);
+        free(b);
+        return NULL;
+    }
+    *b = (lblock){.ptr = base, .size = size, .free = true};
+    *s = (segment){.base = base, .size = size, .first = b, .next = segments};
+    segments = s;
+    stats.reserved += size;
+    return b;
+}
+
+/* Takes n bytes (a multiple of LARGE_ROUND) from the pool; the block size
+ * handed out in *got. Caller holds the lock. */
+static void *large_alloc(size_t n, size_t *got) {
+    lblock *b = best_fit(n);
+    if (!b) b = new_segment(n);
+    if (!b) return NULL;
+    if (b->size - n >= SPLIT_MIN) {
+        lblock *rest = malloc(sizeof *rest);
+        if (rest) {
+            *rest = (lblock){.ptr = b->ptr + n, .size = b->size - n, .free = true, .prev = b, .next = b->next};
+            if (b->next) b->next->prev = rest;
+            b->next = rest;
+            b->size = n;
+        }
+    }
+    b->free = false;
+    *got = b->size;
+    return b->ptr;
+}
+
+/* Merges free block b into its predecessor a (adjacent, both free). */
+static void merge_into(lblock *a, lblock *b) {
+    a->size += b->size;
+    a->next = b->next;
+    if (b->next) b->next->prev = a;
+    free(b);
+}
+
+/* Returns ptr to the pool, merging it with free neighbours; its block size
+ * in *freed (0 if ptr is not a large block). Caller holds the lock. */
+static void large_free(void *ptr, size_t *freed) {
+    *freed = 0;
+    for (segment *s = segments; s; s = s->next) {
+        if ((char *)ptr < s->base || (char *)ptr >= s->base + s->size) continue;
+        lblock *b = s->first;
+        while (b && b->ptr != (char *)ptr) b = b->next;
+        if (!b || b->free) return;
+        *freed = b->size;
+        b->free = true;
+        if (b->next && b->next->free) merge_into(b, b->next);
+        if (b->prev && b->prev->free) merge_into(b->prev, b);
+        return;
+    }
+}
+
+/* Unmaps every segment that is one free block. Caller holds the lock. */
+static void large_empty(void) {
+    for (segment **sp = &segments; *sp;) {
+        segment *s = *sp;
+        if (s->first->free && !s->first->next) {
+            *sp = s->next;
+            munmap(s->base, s->size);
+            stats.reserved -= s->size;
+            free(s->first);
+            free(s);
+        } else {
+            sp = &s->next;
+        }
+    }
+}
+
+/* Counts an allocation of block bytes. Caller holds the lock. */
+static void count_alloc(size_t block) {
+    stats.allocated += block;
+    if (stats.allocated > stats.peak) stats.peak = stats.allocated;
+}
+
 void *ts_alloc(size_t nbytes) {
+    if (nbytes >= LARGE_MIN) {
+        size_t n = (nbytes + LARGE_ROUND - 1) / LARGE_ROUND * LARGE_ROUND, got = 0;
+        pthread_mutex_lock(&lock);
+        stats.n_allocs++;
+        size_t reserved = stats.reserved;
+        void *p = large_alloc(n, &got);
+        if (p) {
+            if (stats.reserved == reserved) stats.n_cache_hits++;
+            count_alloc(got);
+        }
+        pthread_mutex_unlock(&lock);
+        if (!p) ts_error(TS_ERR_MEMORY, "alloc: out of memory allocating %zu bytes", n);
+        return p;
+    }
     size_t block;
     int c = size_class(nbytes, &block);
     if (c < 0 || c >= N_CLASSES) {
@@ -62,14 +207,21 @@ void *ts_alloc(size_t nbytes) {
         pthread_mutex_unlock(&lock);
     }
     pthread_mutex_lock(&lock);
-    stats.allocated += block;
-    if (stats.allocated > stats.peak) stats.peak = stats.allocated;
+    count_alloc(block);
     pthread_mutex_unlock(&lock);
     return b;
 }
 
 void ts_free(void *ptr, size_t nbytes) {
     if (!ptr) return;
+    if (nbytes >= LARGE_MIN) {
+        size_t freed;
+        pthread_mutex_lock(&lock);
+        large_free(ptr, &freed);
+        stats.allocated -= freed;
+        pthread_mutex_unlock(&lock);
+        return;
+    }
     size_t block;
     int c = size_class(nbytes, &block);
     free_block *b = ptr;
@@ -112,5 +264,6 @@ void ts_alloc_empty_cache(void) {
             free(b);
         }
     }
+    large_empty();
     pthread_mutex_unlock(&lock);
 }

@@ -1,9 +1,12 @@
 /* alloc.h - caching host allocator with memory statistics.
  *
- * Tensor storage comes from here. Freed blocks are kept in size-class free
- * lists and reused, like PyTorch's caching allocator; ts_alloc_empty_cache()
- * returns them to the system. Sizes are rounded up to a size class (at most
- * 1/8 larger than asked). Thread safe. Blocks are 64-byte aligned.
+ * Tensor storage comes from here, like PyTorch's caching allocator: freed
+ * memory is kept and reused, and ts_alloc_empty_cache() returns what is
+ * unused to the system. Small requests (under 128 KiB) are rounded up to a
+ * size class (at most 1/8 larger) with one free list per class. Large ones
+ * are rounded up to 4 KiB and carved best-fit out of mmap'd segments; freed
+ * neighbours merge, so memory one tensor size frees serves the next size.
+ * Thread safe. Blocks are 64-byte aligned (large ones page aligned).
  *
  * Statistics (bytes): allocated = in use by live blocks (rounded sizes, as
  * torch.cuda.memory_allocated reports), peak = highest allocated since start

@@ -81,6 +81,49 @@ static void test_allocator_stats(void **state) {
     assert_true(ts_alloc_get_stats().reserved < s2.reserved);
 }
 
+/* Large blocks: two freed neighbours serve one request of their joint size
+ * without new memory; random sizes never overlap; empty_cache returns
+ * everything. */
+static void test_allocator_large_pool(void **state) {
+    (void)state;
+    ts_alloc_empty_cache();
+    size_t r0 = ts_alloc_get_stats().reserved;
+    char *a = ts_alloc(1 << 20), *b = ts_alloc(1 << 20);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_ptr_equal(b, a + (1 << 20)); /* the rest of a's 2 MiB segment */
+    size_t r1 = ts_alloc_get_stats().reserved;
+    ts_free(a, 1 << 20);
+    ts_free(b, 1 << 20);
+    char *c = ts_alloc(2 << 20);
+    assert_ptr_equal(c, a);
+    assert_int_equal(ts_alloc_get_stats().reserved, r1);
+    memset(c, 7, 2 << 20);
+    ts_free(c, 2 << 20);
+
+    enum { SLOTS = 16 };
+    char *p[SLOTS] = {0};
+    size_t n[SLOTS] = {0};
+    uint64_t x = 12345;
+    for (int it = 0; it < 400; it++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int k = (int)(x >> 60);
+        if (p[k]) {
+            for (size_t i = 0; i < n[k]; i += 4093) assert_int_equal(p[k][i], (char)k);
+            ts_free(p[k], n[k]);
+            p[k] = NULL;
+        } else {
+            n[k] = (128 << 10) + (size_t)(x >> 40) % (3 << 20);
+            p[k] = ts_alloc(n[k]);
+            assert_non_null(p[k]);
+            memset(p[k], k, n[k]);
+        }
+    }
+    for (int k = 0; k < SLOTS; k++) ts_free(p[k], n[k]);
+    ts_alloc_empty_cache();
+    assert_int_equal(ts_alloc_get_stats().reserved, r0);
+}
+
 static void test_views_share_storage(void **state) {
     (void)state;
     ts_tensor *x = ts_tensor_arange(TS_F32, 0, 24, 1);
@@ -193,6 +236,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_rounding),
         cmocka_unit_test(test_keys_are_reproducible),
         cmocka_unit_test(test_allocator_stats),
+        cmocka_unit_test(test_allocator_large_pool),
         cmocka_unit_test(test_views_share_storage),
         cmocka_unit_test(test_gradcheck_views),
         cmocka_unit_test(test_backward_errors_and_accumulation),
