@@ -32,20 +32,21 @@ static inline void window(const pool_geom *g, int64_t oh, int64_t ow, int64_t *h
     *w1 = ws + g->kw < g->W ? ws + g->kw : g->W;
 }
 
-/* Max: out = max over the window, idx = its plane index (ih * W + iw) when
- * idx is not NULL; backward adds each gradient at its index. Avg: out = sum
+/* Max: out = max over the window, idx = its plane index (ih * W + iw, in
+ * 32 bits: pool_check bounds the plane) when idx is not NULL; backward adds each gradient at its index. Avg: out = sum
  * / (kh * kw); backward spreads gradient / (kh * kw) over the window. */
 #define POOL_KERNELS(T)                                                                                   \
     /* The common 2x2 window, stride 2, no padding: the same comparisons in                           \
      * the same order as the general loop, with fixed trip counts. */                                    \
-    static void max_fwd2_##T(const pool_geom *g, const T *x, T *out, int64_t *idx) {                      \
+    static void max_fwd2_##T(const pool_geom *g, const T *x, T *out, int32_t *idx) {                      \
         _Pragma("omp parallel for schedule(static) if (g->planes * g->Ho * g->Wo > POOL_OMP_MIN)")        \
         for (int64_t p = 0; p < g->planes; p++) {                                                         \
             const T *xp = x + p * g->H * g->W;                                                            \
             for (int64_t oh = 0; oh < g->Ho; oh++) {                                                      \
                 const T *r0 = xp + 2 * oh * g->W, *r1 = r0 + g->W;                                        \
                 T *o = out + (p * g->Ho + oh) * g->Wo;                                                    \
-                int64_t *io = idx ? idx + (p * g->Ho + oh) * g->Wo : NULL, base = 2 * oh * g->W;         \
+                int32_t *io = idx ? idx + (p * g->Ho + oh) * g->Wo : NULL;                                \
+                int64_t base = 2 * oh * g->W;                                                             \
                 _Pragma("omp simd") for (int64_t ow = 0; ow < g->Wo; ow++) {                              \
                     T v[4] = {r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1]}, best = v[0];       \
                     int64_t bi = 0;                                                                       \
@@ -55,12 +56,12 @@ static inline void window(const pool_geom *g, int64_t oh, int64_t ow, int64_t *h
                         best = take ? v[k] : best;                                                        \
                     }                                                                                     \
                     o[ow] = best;                                                                         \
-                    if (io) io[ow] = base + (bi >> 1) * g->W + 2 * ow + (bi & 1);                         \
+                    if (io) io[ow] = (int32_t)(base + (bi >> 1) * g->W + 2 * ow + (bi & 1));              \
                 }                                                                                         \
             }                                                                                             \
         }                                                                                                 \
     }                                                                                                     \
-    static void max_fwd_##T(const pool_geom *g, const T *x, T *out, int64_t *idx) {                       \
+    static void max_fwd_##T(const pool_geom *g, const T *x, T *out, int32_t *idx) {                       \
         if (g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0) {           \
             max_fwd2_##T(g, x, out, idx);                                                                 \
             return;                                                                                       \
@@ -83,11 +84,11 @@ static inline void window(const pool_geom *g, int64_t oh, int64_t ow, int64_t *h
                         }                                                                                 \
                     int64_t o = (p * g->Ho + oh) * g->Wo + ow;                                            \
                     out[o] = best;                                                                        \
-                    if (idx) idx[o] = best_i;                                                             \
+                    if (idx) idx[o] = (int32_t)best_i;                                                    \
                 }                                                                                         \
         }                                                                                                 \
     }                                                                                                     \
-    static void max_bwd_##T(const pool_geom *g, const T *gout, const int64_t *idx, T *dx) {               \
+    static void max_bwd_##T(const pool_geom *g, const T *gout, const int32_t *idx, T *dx) {               \
         _Pragma("omp parallel for schedule(static) if (g->planes * g->Ho * g->Wo > POOL_OMP_MIN)")        \
         for (int64_t p = 0; p < g->planes; p++) {                                                         \
             T *dp = dx + p * g->H * g->W;                                                                 \
@@ -153,6 +154,8 @@ static ts_status pool_check(const char *op, const ts_tensor *x, const int64_t *k
                         "must be >= 1, padding between 0 and half the kernel",
                         op, (long long)k[0], (long long)k[1], (long long)k[2], (long long)k[3], (long long)k[4],
                         (long long)k[5], ts_shape_str(x));
+    if (x->shape[2] * x->shape[3] > INT32_MAX)
+        return ts_error(TS_ERR_SHAPE, "%s: input %s has planes of more than 2^31 - 1 elements", op, ts_shape_str(x));
     if (x->shape[2] + 2 * k[4] < k[0] || x->shape[3] + 2 * k[5] < k[1])
         return ts_error(TS_ERR_SHAPE, "%s: kernel %lldx%lld does not fit input %s padded by %lldx%lld", op,
                         (long long)k[0], (long long)k[1], ts_shape_str(x), (long long)k[4], (long long)k[5]);
@@ -180,7 +183,7 @@ static ts_status pool_backward(ts_node *n, ts_tensor *grad, ts_tensor **gin) {
         return ts_last_status();
     }
     if (n->saved[0])
-        DISPATCH(x->dtype, max_bwd, &g, ts_tensor_data(gd), (const int64_t *)ts_tensor_data(n->saved[0]),
+        DISPATCH(x->dtype, max_bwd, &g, ts_tensor_data(gd), (const int32_t *)ts_tensor_data(n->saved[0]),
                  ts_tensor_data(dx));
     else
         DISPATCH(x->dtype, avg_bwd, &g, ts_tensor_data(gd), ts_tensor_data(dx));
@@ -196,7 +199,7 @@ static ts_tensor *pool2d(const char *op, bool is_max, ts_tensor *x, const int64_
     int64_t shape[4] = {x->shape[0], x->shape[1], g.Ho, g.Wo};
     ts_tensor *xd = dense(x);
     ts_tensor *out = xd ? ts_tensor_empty(x->dtype, 4, shape) : NULL;
-    ts_tensor *idx = out && is_max && ts_autograd_needed(1, &x) ? ts_tensor_empty(TS_I64, 4, shape) : NULL;
+    ts_tensor *idx = out && is_max && ts_autograd_needed(1, &x) ? ts_tensor_empty(TS_I32, 4, shape) : NULL;
     if (!out || (is_max && ts_autograd_needed(1, &x) && !idx)) {
         ts_tensor_release(xd);
         ts_tensor_release(out);
@@ -204,7 +207,7 @@ static ts_tensor *pool2d(const char *op, bool is_max, ts_tensor *x, const int64_
     }
     if (is_max)
         DISPATCH(x->dtype, max_fwd, &g, ts_tensor_data(xd), ts_tensor_data(out),
-                 idx ? (int64_t *)ts_tensor_data(idx) : NULL);
+                 idx ? (int32_t *)ts_tensor_data(idx) : NULL);
     else
         DISPATCH(x->dtype, avg_fwd, &g, ts_tensor_data(xd), ts_tensor_data(out));
     ts_tensor_release(xd);
