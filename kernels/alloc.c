@@ -50,11 +50,13 @@ static int size_class(size_t n, size_t *block) {
  * freed by one size serves the next size (a training step's activations
  * change size layer by layer); segments go back to the system only in
  * ts_alloc_empty_cache(). The pool holds a few hundred blocks at most, so
- * the searches are linear. */
+ * the searches are linear. Segments are large (SEGMENT_ROUND) because
+ * untouched pages cost no memory and one long free run fragments less than
+ * many short ones. */
 #define LARGE_MIN ((size_t)128 << 10)
 #define LARGE_ROUND ((size_t)4 << 10)
 #define SPLIT_MIN ((size_t)64 << 10)
-#define SEGMENT_ROUND ((size_t)2 << 20)
+#define SEGMENT_ROUND ((size_t)8 << 20)
 
 typedef struct lblock {
     char *ptr;
@@ -145,7 +147,10 @@ static void large_free(void *ptr, size_t *freed) {
     }
 }
 
-/* Unmaps every segment that is one free block. Caller holds the lock. */
+/* Unmaps every segment that is one free block and gives the pages of the
+ * free blocks of the others back (MADV_DONTNEED: they read as zeros when
+ * next touched), as malloc_trim does for malloc's heap. Caller holds the
+ * lock. */
 static void large_empty(void) {
     for (segment **sp = &segments; *sp;) {
         segment *s = *sp;
@@ -155,9 +160,11 @@ static void large_empty(void) {
             stats.reserved -= s->size;
             free(s->first);
             free(s);
-        } else {
-            sp = &s->next;
+            continue;
         }
+        for (lblock *b = s->first; b; b = b->next)
+            if (b->free) madvise(b->ptr, b->size, MADV_DONTNEED);
+        sp = &s->next;
     }
 }
 

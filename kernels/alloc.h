@@ -38,7 +38,9 @@ ts_alloc_stats ts_alloc_get_stats(void);
 /* Sets the peak to the current allocated bytes. */
 void ts_alloc_reset_peak(void);
 
-/* Frees every cached block back to the system. */
+/* Returns cached memory to the system: small blocks and wholly free
+ * segments are freed, the pages of free blocks inside used segments
+ * released (madvise MADV_DONTNEED). */
 void ts_alloc_empty_cache(void);
 
 #endif
