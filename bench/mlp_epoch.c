@@ -13,8 +13,9 @@
  * (weight decay on matrices only), calling loss.item() each step as the
  * trainer does.
  *
- * Like tessera-run, the bench first makes idle OpenMP workers sleep
- * (OMP_WAIT_POLICY=passive, see ts_launch_passive_openmp); both children
+ * Like tessera-run, the bench first makes idle OpenMP and OpenBLAS workers sleep
+ * (OMP_WAIT_POLICY=passive and OPENBLAS_THREAD_TIMEOUT=4, see
+ * ts_launch_passive_threads); both children
  * inherit it, PyTorch included (it uses the same libgomp and OpenBLAS).
  *
  * Each (framework, threads) repetition is a fresh process started by this
@@ -85,7 +86,7 @@ static int parse_result(const char *line, void *out) {
 static int run_child(const char *cmd, result *r) { return bench_run_child("mlp_epoch", cmd, parse_result, r); }
 
 int main(int argc, char **argv) {
-    ts_launch_passive_openmp(argv); /* as tessera-run does; inherited by both children */
+    ts_launch_passive_threads(argv); /* as tessera-run does; inherited by both children */
     int reps = 3, threads[8] = {1, 2}, n_threads = 2;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--one") && i + 1 < argc) {

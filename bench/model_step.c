@@ -17,9 +17,10 @@
  * - Tessera also reports its allocator's peak of live tensor bytes in the
  *   step (ts_alloc_get_stats().peak after ts_alloc_reset_peak()).
  * Time: median of the steps after warm-up. Ratio = Tessera / PyTorch.
- * Both children run with OMP_WAIT_POLICY=passive, as tessera-run starts
- * its processes: idle OpenMP workers then sleep instead of spinning on the
- * cores OpenBLAS's threads need.
+ * Both children run with OMP_WAIT_POLICY=passive and
+ * OPENBLAS_THREAD_TIMEOUT=4, as tessera-run starts its processes (see
+ * ts_launch_passive_threads): idle workers of either pool then sleep
+ * instead of spinning on the cores the other pool's threads need.
  *
  * Usage: bench_model_step [--steps N] [--warmup N]
  */
@@ -214,10 +215,10 @@ int main(int argc, char **argv) {
         for (int threads = 1; threads <= 2; threads++) {
             char cmd[1024];
             result ts, pt;
-            snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive TESSERA_NUM_THREADS=%d /proc/%d/exe --steps %d --warmup %d --one %s %d",
+            snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 TESSERA_NUM_THREADS=%d /proc/%d/exe --steps %d --warmup %d --one %s %d",
                      threads, (int)getpid(), steps, warmup, models[mi], threads);
             if (run_child(cmd, &ts)) return 1;
-            snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive /usr/bin/python3 %s/bench/model_step_torch.py %s %d %d %d",
+            snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 /usr/bin/python3 %s/bench/model_step_torch.py %s %d %d %d",
                      TESSERA_SOURCE_DIR, models[mi], threads, warmup, steps);
             if (run_child(cmd, &pt)) return 1;
             printf("%-4s %3d | %10.2f %10.2f %6.2f | %9.1f %9.1f %6.2f | %9.1f %9.1f %6.2f | %9.1f\n", models[mi],

@@ -195,7 +195,7 @@ static int run_join(const cli *c) {
 }
 
 int main(int argc, char **argv) {
-    ts_launch_passive_openmp(argv);
+    ts_launch_passive_threads(argv);
     if (argc >= 2 && strcmp(argv[1], "--exec-child") == 0)
         return ts_super_exec_child(argc, argv);
     setvbuf(stdout, NULL, _IOLBF, 0);

@@ -21,11 +21,13 @@ static void on_signal(int sig) {
     stop_requested = 1;
 }
 
-void ts_launch_passive_openmp(char **argv) {
-    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
-    if (setenv("OMP_WAIT_POLICY", "passive", 1)) return;
+void ts_launch_passive_threads(char **argv) {
+    bool omp = !getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT"), blas = !getenv("OPENBLAS_THREAD_TIMEOUT");
+    if (!omp && !blas) return;
+    if (omp && setenv("OMP_WAIT_POLICY", "passive", 1)) return;
+    if (blas && setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1)) return;
     execv("/proc/self/exe", argv);
-    /* exec failed: carry on with libgomp's default policy */
+    /* exec failed: carry on with the libraries' default policies */
 }
 
 /* The job as complete JSON text (malloc'd), saved with every checkpoint. */
