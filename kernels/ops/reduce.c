@@ -226,6 +226,7 @@ static ts_tensor *reduce(rkind kind, ts_tensor *a0, int ndims, const int *dims, 
         }
     }
     ts_node *n = ts_autograd_record(out, op, kind == R_MAX ? max_backward : sum_backward, 1, &xc);
+    if (kind != R_MAX) ts_node_forget_input_data(n, 0); /* sum and mean backward need only the shape */
     if (n) {
         n->iargs[0] = xmask;
         n->iargs[1] = outer;

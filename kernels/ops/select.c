@@ -176,6 +176,7 @@ ts_tensor *ts_concat(int n, ts_tensor *const *t, int dim) {
         ts_tensor_release(src);
     }
     ts_node *node = ts_autograd_record(out, "concat", concat_backward, n, t);
+    for (int i = 0; i < n && node; i++) ts_node_forget_input_data(node, i); /* backward needs only shapes */
     if (node) node->iargs[0] = d;
     return out;
 }

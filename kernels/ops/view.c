@@ -136,6 +136,7 @@ ts_tensor *ts_permute(ts_tensor *x, const int *perm) {
     }
     ts_tensor *out = raw_view(x, x->offset, x->ndim, shape, strides);
     ts_node *node = out ? ts_autograd_record(out, "permute", permute_backward, 1, &x) : NULL;
+    ts_node_forget_input_data(node, 0); /* views: backward needs only shapes */
     if (node)
         for (int d = 0; d < x->ndim; d++) node->iargs[d] = perm[d];
     return out;
@@ -187,6 +188,7 @@ ts_tensor *ts_narrow(ts_tensor *x, int dim, int64_t start, int64_t len) {
     shape[d] = len;
     ts_tensor *out = raw_view(x, x->offset + start * x->strides[d], x->ndim, shape, x->strides);
     ts_node *node = out ? ts_autograd_record(out, "narrow", narrow_backward, 1, &x) : NULL;
+    ts_node_forget_input_data(node, 0);
     if (node) {
         node->iargs[0] = d;
         node->iargs[1] = start;
@@ -222,7 +224,7 @@ ts_tensor *ts_expand(ts_tensor *x, int ndim, const int64_t *shape) {
         }
     }
     ts_tensor *out = raw_view(x, x->offset, ndim, want, strides);
-    if (out) ts_autograd_record(out, "expand", expand_backward, 1, &x);
+    if (out) ts_node_forget_input_data(ts_autograd_record(out, "expand", expand_backward, 1, &x), 0);
     return out;
 bad:
     ts_error(TS_ERR_SHAPE, "expand: cannot broadcast %s to %s", ts_shape_str(x), ts_dims_str(ndim, shape));
