@@ -38,6 +38,7 @@ float ts_f32_from_bf16(uint16_t x) {
 /* ---- storage ---- */
 
 ts_storage *ts_storage_wrap(void *data, size_t nbytes, void (*release)(void *, size_t, void *), void *ctx) {
+    static _Atomic uint64_t ids;
     ts_storage *s = calloc(1, sizeof *s);
     if (!s) {
         ts_error(TS_ERR_MEMORY, "storage: out of memory");
@@ -49,6 +50,7 @@ ts_storage *ts_storage_wrap(void *data, size_t nbytes, void (*release)(void *, s
     s->device = TS_CPU;
     s->release = release;
     s->release_ctx = ctx;
+    s->id = ++ids;
     return s;
 }
 
@@ -257,6 +259,26 @@ ts_status ts_tensor_fill_(ts_tensor *t, double v) {
     return TS_OK;
 }
 
+/* n contiguous elements between f32 and bf16 (either way), as
+ * ts_bf16_from_f32 / ts_f32_from_bf16 round, in a loop that vectorises. */
+static void convert_bf16(ts_tensor *dst, const ts_tensor *src, int64_t n) {
+    if (dst->dtype == TS_BF16) {
+        uint16_t *d = ts_tensor_data(dst);
+        const uint32_t *s = ts_tensor_data(src);
+#pragma omp parallel for simd if (n > 65536)
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u = s[i];
+            uint16_t r = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+            d[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40) : r;
+        }
+    } else {
+        uint32_t *d = ts_tensor_data(dst);
+        const uint16_t *s = ts_tensor_data(src);
+#pragma omp parallel for simd if (n > 65536)
+        for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
+    }
+}
+
 /* Runs BODY for every element of same-shaped dst and src, one row of the
  * last dim at a time: d and s are the storage offsets of the element (one
  * div/mod walk per row, then stride steps). Rows run in parallel. */
@@ -286,6 +308,11 @@ ts_status ts_tensor_copy_(ts_tensor *dst, const ts_tensor *src) {
         float *dp = dst->storage->data;
         const float *sp = src->storage->data;
         ROW_WALK(dst, src, dp[d] = sp[s]);
+        return TS_OK;
+    }
+    if (ts_tensor_is_contiguous(dst) && ts_tensor_is_contiguous(src) &&
+        ((dst->dtype == TS_BF16 && src->dtype == TS_F32) || (dst->dtype == TS_F32 && src->dtype == TS_BF16))) {
+        convert_bf16(dst, src, n);
         return TS_OK;
     }
     ROW_WALK(dst, src, store(dst, d, load(src, s)));
