@@ -3,7 +3,9 @@
  * threads, with peak memory.
  *
  * Step = zero grads, forward, mean cross-entropy, backward, AdamW over the
- * whole flat buffer (weight decay on matrices only). GPT: L=4, C=256, 4
+ * whole flat buffer (weight decay on matrices only). A second table runs
+ * the same steps with bf16 compute (ts_model_set_compute_dtype) against
+ * Tessera's f32 figures of the first. GPT: L=4, C=256, 4
  * heads, T=128, B=8, vocab 256. CNN: B=64 1x28x28, 16/32 channels, kernel 5.
  *
  * Every (framework, model, threads) runs in a fresh process ("--one MODEL
@@ -66,7 +68,7 @@ static void reset_hwm(void) {
 
 static ts_model_spec spec_of(const char *model, int64_t *batch, int64_t *classes) {
     ts_model_spec s = {0};
-    if (!strcmp(model, "gpt")) {
+    if (!strncmp(model, "gpt", 3)) {
         s.arch = TS_ARCH_GPT;
         s.gpt = (ts_gpt_config){.vocab = 256, .block_size = 128, .n_layer = 4, .n_head = 4, .n_embd = 256};
         *batch = 8;
@@ -79,15 +81,17 @@ static ts_model_spec spec_of(const char *model, int64_t *batch, int64_t *classes
     return s;
 }
 
-/* Runs warmup + steps training steps of model in this process. */
+/* Runs warmup + steps training steps of model ("gpt" or "cnn", with
+ * "-bf16": bf16 compute on f32 master weights) in this process. */
 static int run_one(const char *model, int threads, int warmup, int steps, result *r) {
     ts_threads_set(threads);
     double rss0 = proc_mb("VmRSS:");
     int64_t batch, classes;
+    bool bf16 = strstr(model, "-bf16") != NULL;
     ts_model_spec s = spec_of(model, &batch, &classes);
     ts_model *m = ts_model_build(&s, 0, -1, ts_key_from_seed(1), TS_F32);
     ts_optim_config cfg = ts_optim_defaults(TS_OPTIM_ADAMW);
-    if (!m || ts_model_alloc_state(m, ts_optim_state_slots(&cfg))) {
+    if (!m || (bf16 && ts_model_set_compute_dtype(m, TS_BF16)) || ts_model_alloc_state(m, ts_optim_state_slots(&cfg))) {
         fprintf(stderr, "model_step: %s\n", ts_last_error());
         return 1;
     }
@@ -139,9 +143,11 @@ static int run_one(const char *model, int threads, int warmup, int steps, result
         ts_tensor_release(logits);
         ts_status st = loss ? ts_backward(loss, NULL) : ts_last_status();
         ts_tensor_release(loss);
+        if (!st) st = ts_model_fold_compute_grads(m, 1); /* bf16 gradients into the f32 master's */
         if (!st)
             st = ts_optim_step_flat(&cfg, it + 1, 1e-3, &groups, ts_f32(m->flat_params), ts_f32(m->flat_grads),
                                     m->state, m->numel, 0, m->numel);
+        if (!st) st = ts_model_sync_compute(m);
         if (st) {
             fprintf(stderr, "model_step: %s\n", ts_last_error());
             return 1;
@@ -180,12 +186,22 @@ static int run_child(const char *cmd, result *r) {
     return bench_run_child("model_step", cmd, parse_result, r);
 }
 
+/* Runs model in a fresh Tessera process at threads threads. */
+static int run_tessera(const char *model, int threads, int steps, int warmup, result *r) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 TESSERA_NUM_THREADS=%d /proc/%d/exe --steps %d "
+             "--warmup %d --one %s %d",
+             threads, (int)getpid(), steps, warmup, model, threads);
+    return run_child(cmd, r);
+}
+
 int main(int argc, char **argv) {
     int steps = 7, warmup = 2;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--one") && i + 2 < argc) {
             result r;
-            if (!strcmp(argv[i + 1], "gpt") || !strcmp(argv[i + 1], "cnn")) {
+            if (!strncmp(argv[i + 1], "gpt", 3) || !strncmp(argv[i + 1], "cnn", 3)) {
                 /* --steps / --warmup come before --one */
                 if (run_one(argv[i + 1], atoi(argv[i + 2]), warmup, steps, &r)) return 1;
                 printf("RESULT ms=%.3f rss_mb=%.1f step_rss_mb=%.1f alloc_mb=%.1f\n", r.ms, r.rss_mb, r.step_rss_mb,
@@ -211,19 +227,34 @@ int main(int argc, char **argv) {
     printf("%-4s %3s | %10s %10s %6s | %9s %9s %6s | %9s %9s %6s | %9s\n", "", "thr", "tessera ms", "torch ms",
            "ratio", "ts rssMB", "pt rssMB", "ratio", "ts stepMB", "pt stepMB", "ratio", "ts allocMB");
     const char *models[] = {"gpt", "cnn"};
+    result f32[2][2];
     for (int mi = 0; mi < 2; mi++)
         for (int threads = 1; threads <= 2; threads++) {
             char cmd[1024];
             result ts, pt;
-            snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 TESSERA_NUM_THREADS=%d /proc/%d/exe --steps %d --warmup %d --one %s %d",
-                     threads, (int)getpid(), steps, warmup, models[mi], threads);
-            if (run_child(cmd, &ts)) return 1;
+            if (run_tessera(models[mi], threads, steps, warmup, &ts)) return 1;
+            f32[mi][threads - 1] = ts;
             snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 /usr/bin/python3 %s/bench/model_step_torch.py %s %d %d %d",
                      TESSERA_SOURCE_DIR, models[mi], threads, warmup, steps);
             if (run_child(cmd, &pt)) return 1;
             printf("%-4s %3d | %10.2f %10.2f %6.2f | %9.1f %9.1f %6.2f | %9.1f %9.1f %6.2f | %9.1f\n", models[mi],
                    threads, ts.ms, pt.ms, ts.ms / pt.ms, ts.rss_mb, pt.rss_mb, ts.rss_mb / pt.rss_mb, ts.step_rss_mb,
                    pt.step_rss_mb, ts.step_rss_mb / pt.step_rss_mb, ts.alloc_mb);
+            fflush(stdout);
+        }
+    printf("\nbf16 compute (f32 master weights and AdamW state, activations saved for backward in bf16) vs f32,\n"
+           "Tessera in both columns; ratio = bf16 / f32\n");
+    printf("%-4s %3s | %10s %10s %6s | %9s %9s %6s | %9s %9s %6s\n", "", "thr", "f32 ms", "bf16 ms", "ratio",
+           "f32 stepMB", "bf16 stepMB", "ratio", "f32 alloc", "bf16 alloc", "ratio");
+    for (int mi = 0; mi < 2; mi++)
+        for (int threads = 1; threads <= 2; threads++) {
+            char name[16];
+            result b, *f = &f32[mi][threads - 1];
+            snprintf(name, sizeof name, "%s-bf16", models[mi]);
+            if (run_tessera(name, threads, steps, warmup, &b)) return 1;
+            printf("%-4s %3d | %10.2f %10.2f %6.2f | %9.1f %9.1f %6.2f | %9.1f %9.1f %6.2f\n", models[mi], threads,
+                   f->ms, b.ms, b.ms / f->ms, f->step_rss_mb, b.step_rss_mb, b.step_rss_mb / f->step_rss_mb,
+                   f->alloc_mb, b.alloc_mb, b.alloc_mb / f->alloc_mb);
             fflush(stdout);
         }
     return 0;

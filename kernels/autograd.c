@@ -48,11 +48,123 @@ void ts_node_attach(ts_tensor *out, ts_node *node) {
     node->out_dtype = out->dtype;
 }
 
+/* ---- packing saved activations to bf16 ---- */
+
+#define PACK_MIN 4096
+
+/* One tensor packed during this packing session: the original's storage
+ * id and view, and its bf16 copy (retained). */
+typedef struct {
+    uint64_t storage;
+    int64_t offset;
+    int ndim;
+    int64_t shape[TS_MAX_DIMS], strides[TS_MAX_DIMS];
+    ts_tensor *copy;
+} pack_entry;
+
+static _Thread_local bool pack_on;
+static _Thread_local ts_node *pack_pending; /* retained; packed at the next record or flush */
+static _Thread_local pack_entry *pack_memo; /* what this session packed, so each view is copied once */
+static _Thread_local int pack_n, pack_cap;
+
+/* Whether t is kept as a bf16 copy: f32 data of PACK_MIN elements or more
+ * that is not a parameter; an input also needs history (a leaf input
+ * belongs to the caller, who keeps it anyway). */
+static bool packable(const ts_tensor *t, bool input) {
+    return t && t->storage && t->dtype == TS_F32 && !t->packed && !t->storage->no_pack &&
+           ts_tensor_numel(t) >= PACK_MIN && (!input || t->grad_fn);
+}
+
+/* The bf16 copy of t made earlier in this session, or NULL. */
+static ts_tensor *memo_find(const ts_tensor *t) {
+    for (int i = 0; i < pack_n; i++) {
+        const pack_entry *e = &pack_memo[i];
+        if (e->storage == t->storage->id && e->offset == t->offset && e->ndim == t->ndim &&
+            !memcmp(e->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim) &&
+            !memcmp(e->strides, t->strides, sizeof(int64_t) * (size_t)t->ndim))
+            return e->copy;
+    }
+    return NULL;
+}
+
+/* Remembers that t was packed to copy (silently not, if out of memory). */
+static void memo_add(const ts_tensor *t, ts_tensor *copy) {
+    if (pack_n == pack_cap) {
+        int cap = pack_cap ? 2 * pack_cap : 64;
+        pack_entry *m = realloc(pack_memo, sizeof *m * (size_t)cap);
+        if (!m) return;
+        pack_memo = m;
+        pack_cap = cap;
+    }
+    pack_entry *e = &pack_memo[pack_n++];
+    *e = (pack_entry){.storage = t->storage->id, .offset = t->offset, .ndim = t->ndim, .copy = ts_tensor_retain(copy)};
+    memcpy(e->shape, t->shape, sizeof e->shape);
+    memcpy(e->strides, t->strides, sizeof e->strides);
+}
+
+/* Replaces *slot (packable) by a bf16 tensor with the same values (one
+ * copy per view per session) and the slot's history; keeps it if out of
+ * memory (f32 is still correct). */
+static void pack_slot(ts_tensor **slot) {
+    ts_tensor *t = *slot, *c = memo_find(t), *p = NULL;
+    if (c) p = ts_tensor_alias(c);
+    else if ((p = ts_tensor_copy_as(t, TS_BF16))) memo_add(t, p);
+    if (!p) return;
+    p->packed = true;
+    p->requires_grad = t->requires_grad;
+    p->grad_fn = t->grad_fn;
+    ts_node_retain(p->grad_fn);
+    *slot = p;
+    ts_tensor_release(t);
+}
+
+/* Packs the pending node's inputs and saved tensors. */
+static void pack_flush(void) {
+    ts_node *n = pack_pending;
+    pack_pending = NULL;
+    if (!n) return;
+    for (int i = 0; i < n->n_inputs; i++)
+        if (packable(n->inputs[i], true)) pack_slot(&n->inputs[i]);
+    for (int i = 0; i < TS_NODE_MAX_SAVED; i++)
+        if (packable(n->saved[i], false)) pack_slot(&n->saved[i]);
+    ts_node_release(n);
+}
+
+bool ts_autograd_set_pack_bf16(bool on) {
+    bool prev = pack_on;
+    if (!on) {
+        pack_flush();
+        for (int i = 0; i < pack_n; i++) ts_tensor_release(pack_memo[i].copy);
+        pack_n = 0;
+    }
+    pack_on = on;
+    return prev;
+}
+
+/* The f32 tensor a packed slot stands for, with its history. */
+static ts_status unpack_slot(ts_tensor **slot) {
+    ts_tensor *p = *slot;
+    if (!p || !p->packed) return TS_OK;
+    ts_tensor *u = ts_tensor_copy_as(p, TS_F32);
+    if (!u) return ts_last_status();
+    u->requires_grad = p->requires_grad;
+    u->grad_fn = p->grad_fn;
+    ts_node_retain(u->grad_fn);
+    ts_tensor_release(p);
+    *slot = u;
+    return TS_OK;
+}
+
 ts_node *ts_autograd_record(ts_tensor *out, const char *op, ts_backward_fn backward, int n,
                             ts_tensor *const *inputs) {
     if (!out || !ts_autograd_needed(n, inputs)) return NULL;
+    pack_flush();
     ts_node *node = ts_node_new(op, backward, n, inputs);
     if (node) ts_node_attach(out, node);
+    if (node && pack_on) {
+        ts_node_retain(node);
+        pack_pending = node;
+    }
     return node;
 }
 
@@ -265,7 +377,9 @@ static ts_status run_node(ts_node *n, node_list *ready) {
     n->grad = NULL;
     ts_tensor **gin = calloc((size_t)(n->n_inputs ? n->n_inputs : 1), sizeof *gin);
     if (!gin) return ts_error(TS_ERR_MEMORY, "backward: out of memory");
-    if (g) {
+    for (int i = 0; i < n->n_inputs + TS_NODE_MAX_SAVED && !st; i++)
+        st = unpack_slot(i < n->n_inputs ? &n->inputs[i] : &n->saved[i - n->n_inputs]);
+    if (g && !st) {
         if (g->ndim != n->out_ndim || memcmp(g->shape, n->out_shape, sizeof(int64_t) * (size_t)g->ndim))
             st = ts_error(TS_ERR_SHAPE, "backward of %s: gradient %s does not match output %s", n->op,
                           ts_shape_str(g), ts_dims_str(n->out_ndim, n->out_shape));
@@ -306,6 +420,7 @@ ts_status ts_backward(ts_tensor *t, ts_tensor *grad) {
     if (!grad && ts_tensor_numel(t) != 1)
         return ts_error(TS_ERR_SHAPE, "backward: tensor of shape %s is not a scalar; pass its gradient",
                         ts_shape_str(t));
+    pack_flush();
     ts_tensor *seed = grad ? ts_tensor_retain(grad) : ts_tensor_full(t->dtype, t->ndim, t->shape, 1.0);
     if (!seed) return ts_last_status();
     if (!t->grad_fn) { /* a leaf: d t / d t */

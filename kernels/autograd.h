@@ -55,6 +55,18 @@ struct ts_node {
 bool ts_grad_enabled(void);
 bool ts_grad_set_enabled(bool on);
 
+/* Packing of saved activations, per thread, off by default (the bf16
+ * compute mode of a model turns it on for its forward): while on, each
+ * node recorded through ts_autograd_record keeps its f32 inputs with
+ * history and its f32 saved tensors of at least 4096 elements as bf16
+ * copies (half the memory; the same storage kept once per node), except
+ * storages marked no_pack (parameters). Packing happens once the op has
+ * finished recording (at the next record, when packing is turned off, or
+ * at ts_backward); the engine converts the copies back to f32 just before
+ * the node's backward, which therefore sees bf16-rounded activations.
+ * Returns the previous state. */
+bool ts_autograd_set_pack_bf16(bool on);
+
 /* True when grad mode is on and any of the n inputs requires grad. */
 bool ts_autograd_needed(int n, ts_tensor *const *inputs);
 

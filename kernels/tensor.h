@@ -35,6 +35,8 @@ typedef struct ts_storage {
     ts_device device;
     void (*release)(void *data, size_t nbytes, void *ctx); /* NULL: ts_free */
     void *release_ctx;
+    bool no_pack; /* never packed to bf16 for backward (see ts_autograd_set_pack_bf16) */
+    uint64_t id;  /* unique per storage in the process (never reused) */
 } ts_storage;
 
 typedef struct ts_node ts_node; /* autograd node, see autograd.h */
@@ -51,6 +53,7 @@ typedef struct ts_tensor {
     bool requires_grad;
     struct ts_tensor *grad; /* accumulated gradient of a leaf, or NULL */
     ts_node *grad_fn;       /* node that produced this tensor, or NULL */
+    bool packed; /* a bf16 copy of an f32 tensor kept by a node (autograd.c) */
     /* called after a backward pass accumulated into this leaf's grad */
     void (*grad_hook)(struct ts_tensor *t, void *ctx);
     void *grad_hook_ctx;

@@ -213,6 +213,7 @@ ts_tensor *ts_model_param(const ts_model *m, int i) {
     if (!c || stale) {
         c = ts_to_dtype(p->value16, TS_F32);
         if (!c) return NULL;
+        c->storage->no_pack = true; /* held by the model anyway */
         ts_tensor_release(p->compute);
         p->compute = c;
     }
@@ -266,7 +267,12 @@ ts_tensor *ts_model_forward(ts_model *m, ts_tensor *x) {
         ts_error(TS_ERR_STATE, "model: forward before the model was built and finalized");
         return NULL;
     }
-    return ts_module_forward(m->root, x);
+    /* bf16 compute keeps the activations saved for backward in bf16 */
+    bool pack = m->compute_dtype == TS_BF16 && ts_grad_enabled();
+    bool prev = pack && ts_autograd_set_pack_bf16(true);
+    ts_tensor *y = ts_module_forward(m->root, x);
+    if (pack) ts_autograd_set_pack_bf16(prev);
+    return y;
 }
 
 ts_status ts_model_copy_params(ts_model *dst, const ts_model *src, int *n_copied) {

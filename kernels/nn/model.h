@@ -21,12 +21,17 @@
  * ts_to_dtype: ops compute in f32 on bf16-rounded values, and backward
  * rounds each parameter's gradient to bf16 into flat_grads16.
  *   What is bf16: the parameters the forward computes with and their
- *   gradients (flat_params16, flat_grads16).
+ *   gradients (flat_params16, flat_grads16), and the activations kept for
+ *   backward: ts_model_forward turns on ts_autograd_set_pack_bf16, so each
+ *   op's saved inputs and outputs are held as bf16 copies between forward
+ *   and backward (statistics such as layernorm's mean and rstd and the
+ *   log-sum-exp of attention stay f32).
  *   What stays f32: the master weights (flat_params), the master gradients
- *   the optimizer reads (flat_grads), the optimizer state, and activations -
- *   the CPU ops compute and store in f32, and the converted weights the
- *   forward uses are f32 tensors (one per parameter, held until the next
- *   sync or fold).
+ *   the optimizer reads (flat_grads), the optimizer state, and the
+ *   arithmetic - the CPU ops compute in f32 (Debian's OpenBLAS has no bf16
+ *   GEMM), so each op reads bf16 values widened to f32; the converted
+ *   weights the forward uses are f32 tensors (one per parameter, held until
+ *   the next sync or fold).
  * Per step: ts_model_zero_grad; per micro-batch forward, backward of the
  * loss scaled by 1/k, ts_model_fold_compute_grads(m, 1); clip and step on
  * the f32 buffers; ts_model_sync_compute. Folding after every backward keeps

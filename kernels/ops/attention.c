@@ -275,6 +275,7 @@ ts_tensor *ts_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v, bool causal, d
             attn_fwd_d(&ge, ts_f64(qc), ts_f64(kc), ts_f64(vc), ts_f64(out), ts_f64(lse), ts_f64(sc));
         ts_node *n = ts_autograd_record(out, "attention", attention_backward, 3, (ts_tensor *[]){q, k, v});
         if (n) {
+            lse->storage->no_pack = true; /* statistics stay f32 */
             ts_tensor *keep[5] = {qc, kc, vc, out, lse};
             for (int i = 0; i < 5; i++) ts_node_save(n, i, keep[i]);
             int64_t ia[6] = {ge.BH, ge.Tq, ge.Tk, ge.D, ge.Dv, causal};

@@ -111,6 +111,7 @@ ts_tensor *ts_cross_entropy(ts_tensor *logits, ts_tensor *targets, int64_t ignor
     out = ts_tensor_scalar(logits->dtype, reduction == TS_REDUCTION_MEAN ? total / (double)count : total);
     ts_node *n = out ? ts_autograd_record(out, "cross_entropy", cross_entropy_backward, 1, &logits) : NULL;
     if (n) {
+        lse->storage->no_pack = true; /* statistics stay f32 */
         ts_node_save(n, 0, x2);
         ts_node_save(n, 1, t);
         ts_node_save(n, 2, lse);

@@ -150,6 +150,7 @@ ts_tensor *ts_layernorm(ts_tensor *x, ts_tensor *weight, ts_tensor *bias, double
         out = ts_tensor_retain(y);
         ts_node *n = ts_autograd_record(out, "layernorm", layernorm_backward, 3, (ts_tensor *[]){x, weight, bias});
         if (n) {
+            mean->storage->no_pack = rstd->storage->no_pack = true; /* statistics stay f32 */
             ts_node_save(n, 0, xc);
             if (wc) ts_node_save(n, 1, wc);
             ts_node_save(n, 2, mean);
