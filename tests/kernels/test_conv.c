@@ -13,6 +13,7 @@
 #include "kernels/ops/conv.h"
 #include "kernels/ops/view.h"
 #include "kernels/tensor.h"
+#include "kernels/threads.h"
 #include "op_testing.h"
 
 static ts_conv2d_opts opts(int64_t s, int64_t p, int64_t d) {
@@ -180,6 +181,33 @@ static void test_grads_f32(void **state) {
     check_grads(2, 3, 6, 6, 4, 1, 1, opts(1, 1, 1));   /* padding beyond a 1x1 kernel: im2col + GEMM */
 }
 
+/* The direct path's gradients are the same bits at any thread count, also
+ * when there are fewer image groups than threads (the taps are split). */
+static void test_threads_same_bits(void **state) {
+    (void)state;
+    ts_tensor *got[2][2];
+    int counts[2] = {1, 4}, before = ts_threads_get();
+    for (int k = 0; k < 2; k++) {
+        ts_threads_set(counts[k]);
+        ts_tensor *x = leaf_of(21, TS_F32, SHAPE(2, 8, 16, 16)), *w = leaf_of(22, TS_F32, SHAPE(16, 8, 3, 3));
+        ts_conv2d_opts o = opts(1, 1, 1);
+        ts_tensor *y = ts_conv2d(x, w, NULL, &o);
+        ts_tensor *r = ts_tensor_randn(ts_key_from_seed(23), TS_F32, 4, y->shape);
+        assert_int_equal(ts_backward(y, r), TS_OK);
+        got[k][0] = ts_tensor_retain(x->grad);
+        got[k][1] = ts_tensor_retain(w->grad);
+        ts_tensor *all[] = {x, w, y, r};
+        for (int i = 0; i < 4; i++) ts_tensor_release(all[i]);
+    }
+    ts_threads_set(before);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ts_tensor_nbytes(got[0][i]), ts_tensor_nbytes(got[1][i]));
+        assert_memory_equal(ts_tensor_data(got[0][i]), ts_tensor_data(got[1][i]), ts_tensor_nbytes(got[0][i]));
+        ts_tensor_release(got[0][i]);
+        ts_tensor_release(got[1][i]);
+    }
+}
+
 static void test_rectangular_options(void **state) {
     (void)state;
     ts_conv2d_opts o = ts_conv2d_default_opts();
@@ -233,6 +261,7 @@ int main(void) {
         cmocka_unit_test(test_gradcheck),
         cmocka_unit_test(test_partial_grads),
         cmocka_unit_test(test_grads_f32),
+        cmocka_unit_test(test_threads_same_bits),
         cmocka_unit_test(test_rectangular_options),
         cmocka_unit_test(test_errors),
     };

@@ -16,7 +16,8 @@
  * Threads: forward and input gradient split the images; the weight
  * gradient splits the batch into a fixed number of image groups (set by
  * the geometry alone, so the sums do not depend on the thread count), each
- * summed into its own partial, the partials added in group order.
+ * summed into its own partial, the partials added in group order; with
+ * fewer groups than threads the taps of each group are split as well.
  */
 #include <omp.h>
 #include <string.h>
@@ -190,31 +191,39 @@ static ts_tensor *scratch(ts_dtype dt, int64_t n) {
             }                                                                                              \
         }                                                                                                  \
     }                                                                                                      \
-    /* dw [cout * ntap] (PyTorch's [O][C][KH][KW]) of one padded image xp and its output gradient gt      \
+    /* The weight gradient of taps [t0, t1) of one padded image xp and its output gradient gt             \
      * [hout * wout][cpad], accumulated into part [ntap][cpad]. */                                         \
-    static void plane_dw_##T(const plane *pc, const T *xp, const T *gt, T *part) {                         \
+    static void plane_dw_##T(const plane *pc, const T *xp, const T *gt, int64_t t0, int64_t t1, T *part) { \
         for (int64_t ob = 0; ob < pc->cout;) {                                                             \
             int ov = pc->cpad - ob >= 2 * VL_##T ? 2 : 1;                                                  \
-            for (int64_t t = 0, m = 0; t < pc->ntap; t += tap_menu[m]) {                                   \
-                while (tap_menu[m] > pc->ntap - t) m++;                                                    \
+            for (int64_t t = t0, m = 0; t < t1; t += tap_menu[m]) {                                        \
+                while (tap_menu[m] > t1 - t) m++;                                                          \
                 dw_table_##T[ov - 1][m](xp, pc->toff + t, gt + ob, pc->cpad, pc->hout, pc->wout, pc->wp,   \
                                         part + t * pc->cpad + ob);                                         \
             }                                                                                              \
             ob += ov * VL_##T;                                                                             \
         }                                                                                                  \
     }                                                                                                      \
-    /* dw = sum over images of the weight gradient, by image groups (see the top of the file); scratch  \
-     * holds the partials, then per thread one padded image and one transposed output gradient. */        \
-    static void weight_grad_##T(const plane *pc, int64_t n, int64_t groups, const T *x, const T *dout,     \
-                                T *dw, T *scr) {                                                           \
+    /* dw (PyTorch's [O][C][KH][KW]) = sum over images, by image groups (see the top of the file). The    \
+     * work items are (group, chunk of taps): with fewer groups than threads each group's taps are split \
+     * too (each item pads and transposes its images itself); every (tap, channel) sum still runs over   \
+     * the same pixels in the same order, so the split does not change the result. scratch holds the     \
+     * partials, then per thread one padded image and one transposed output gradient. */                  \
+    static void weight_grad_##T(const plane *pc, int64_t n, int64_t groups, int64_t nthr, const T *x,       \
+                                const T *dout, T *dw, T *scr) {                                            \
         int64_t L = pc->hout * pc->wout, per_in = pc->cin * pc->hin * pc->win, per_out = pc->cout * L;     \
         int64_t part_n = pc->ntap * pc->cpad, per_thr = pc->cin * pc->hp * pc->wp + L * pc->cpad;         \
+        int64_t blocks = (pc->ntap + TAP_BLOCK - 1) / TAP_BLOCK, chunks = (nthr + groups - 1) / groups;    \
+        if (chunks > blocks) chunks = blocks;                                                              \
         T *parts = scr;                                                                                    \
         _Pragma("omp parallel if (n * per_out * pc->ntap > DIRECT_OMP_MIN)") {                             \
             T *xp = scr + groups * part_n + omp_get_thread_num() * per_thr, *gt = xp + pc->cin * pc->hp * pc->wp; \
-            _Pragma("omp for schedule(static)") for (int64_t gi = 0; gi < groups; gi++) {                  \
+            _Pragma("omp for schedule(static)") for (int64_t item = 0; item < groups * chunks; item++) {   \
+                int64_t gi = item / chunks, c = item % chunks;                                             \
+                int64_t t0 = c * blocks / chunks * TAP_BLOCK, t1 = (c + 1) * blocks / chunks * TAP_BLOCK;  \
+                if (t1 > pc->ntap) t1 = pc->ntap;                                                          \
                 T *part = parts + gi * part_n;                                                             \
-                memset(part, 0, sizeof(T) * (size_t)part_n);                                               \
+                memset(part + t0 * pc->cpad, 0, sizeof(T) * (size_t)((t1 - t0) * pc->cpad));              \
                 for (int64_t i = gi * n / groups; i < (gi + 1) * n / groups; i++) {                        \
                     pad_##T(pc, x + i * per_in, xp);                                                       \
                     const T *d = dout + i * per_out;                                                       \
@@ -222,7 +231,7 @@ static ts_tensor *scratch(ts_dtype dt, int64_t n) {
                         for (int64_t o = 0; o < pc->cout; o++) gt[l * pc->cpad + o] = d[o * L + l];         \
                         for (int64_t o = pc->cout; o < pc->cpad; o++) gt[l * pc->cpad + o] = 0;             \
                     }                                                                                      \
-                    plane_dw_##T(pc, xp, gt, part);                                                        \
+                    plane_dw_##T(pc, xp, gt, t0, t1, part);                                                \
                 }                                                                                          \
             }                                                                                              \
             _Pragma("omp for schedule(static)") for (int64_t t = 0; t < pc->ntap; t++)                     \
@@ -326,7 +335,7 @@ ts_status ts_conv_direct_backward(const ts_conv_geom *g, ts_dtype dt, const void
         ts_tensor *toff = offsets(g, &pc);
         ts_tensor *scr =
             toff ? scratch(dt, groups * part + nthr * (pc.cin * pc.hp * pc.wp + pc.hout * pc.wout * pc.cpad)) : NULL;
-        if (scr) DISPATCH(dt, weight_grad, &pc, g->N, groups, x, dout, dw, ts_tensor_data(scr));
+        if (scr) DISPATCH(dt, weight_grad, &pc, g->N, groups, nthr, x, dout, dw, ts_tensor_data(scr));
         ts_tensor_release(toff);
         ts_tensor_release(scr);
         if (!scr) return ts_last_status();
