@@ -53,13 +53,15 @@ void ts_node_attach(ts_tensor *out, ts_node *node) {
 #define PACK_MIN 4096
 
 /* One tensor packed during this packing session: the original's storage
- * id and view, and its bf16 copy (retained). */
+ * id and view, and its bf16 copy (retained). A whole entry (from
+ * ts_autograd_pack_as) stands for every view of the storage. */
 typedef struct {
     uint64_t storage;
     int64_t offset;
     int ndim;
     int64_t shape[TS_MAX_DIMS], strides[TS_MAX_DIMS];
     ts_tensor *copy;
+    bool whole;
 } pack_entry;
 
 static _Thread_local bool pack_on;
@@ -71,24 +73,28 @@ static _Thread_local int pack_n, pack_cap;
  * that is not a parameter; an input also needs history (a leaf input
  * belongs to the caller, who keeps it anyway). */
 static bool packable(const ts_tensor *t, bool input) {
-    return t && t->storage && t->dtype == TS_F32 && !t->packed && !t->storage->no_pack &&
-           ts_tensor_numel(t) >= PACK_MIN && (!input || t->grad_fn);
+    return !t->storage->no_pack && ts_tensor_numel(t) >= PACK_MIN && (!input || t->grad_fn);
 }
 
-/* The bf16 copy of t made earlier in this session, or NULL. */
-static ts_tensor *memo_find(const ts_tensor *t) {
+/* A new bf16 view with t's values made from an earlier copy of this
+ * session, or NULL. */
+static ts_tensor *memo_view(const ts_tensor *t) {
     for (int i = 0; i < pack_n; i++) {
         const pack_entry *e = &pack_memo[i];
-        if (e->storage == t->storage->id && e->offset == t->offset && e->ndim == t->ndim &&
+        if (e->storage != t->storage->id) continue;
+        if (e->whole)
+            return ts_tensor_from_storage(e->copy->storage, TS_BF16, e->copy->offset + t->offset - e->offset, t->ndim,
+                                          t->shape, t->strides);
+        if (e->offset == t->offset && e->ndim == t->ndim &&
             !memcmp(e->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim) &&
             !memcmp(e->strides, t->strides, sizeof(int64_t) * (size_t)t->ndim))
-            return e->copy;
+            return ts_tensor_alias(e->copy);
     }
     return NULL;
 }
 
 /* Remembers that t was packed to copy (silently not, if out of memory). */
-static void memo_add(const ts_tensor *t, ts_tensor *copy) {
+static void memo_add(const ts_tensor *t, ts_tensor *copy, bool whole) {
     if (pack_n == pack_cap) {
         int cap = pack_cap ? 2 * pack_cap : 64;
         pack_entry *m = realloc(pack_memo, sizeof *m * (size_t)cap);
@@ -97,18 +103,25 @@ static void memo_add(const ts_tensor *t, ts_tensor *copy) {
         pack_cap = cap;
     }
     pack_entry *e = &pack_memo[pack_n++];
-    *e = (pack_entry){.storage = t->storage->id, .offset = t->offset, .ndim = t->ndim, .copy = ts_tensor_retain(copy)};
+    *e = (pack_entry){.storage = t->storage->id, .offset = t->offset, .ndim = t->ndim, .copy = ts_tensor_retain(copy),
+                      .whole = whole};
     memcpy(e->shape, t->shape, sizeof e->shape);
     memcpy(e->strides, t->strides, sizeof e->strides);
 }
 
-/* Replaces *slot (packable) by a bf16 tensor with the same values (one
- * copy per view per session) and the slot's history; keeps it if out of
- * memory (f32 is still correct). */
-static void pack_slot(ts_tensor **slot) {
-    ts_tensor *t = *slot, *c = memo_find(t), *p = NULL;
-    if (c) p = ts_tensor_alias(c);
-    else if ((p = ts_tensor_copy_as(t, TS_BF16))) memo_add(t, p);
+void ts_autograd_pack_as(const ts_tensor *f32, ts_tensor *bf16) {
+    if (pack_on && f32->storage && bf16->storage) memo_add(f32, bf16, true);
+}
+
+/* Replaces *slot by a bf16 tensor with the same values - a view of an
+ * earlier copy or of a ts_autograd_pack_as tensor, else (when packable) a
+ * new copy - and the slot's history; keeps it on failure (f32 is still
+ * correct). */
+static void pack_slot(ts_tensor **slot, bool input) {
+    ts_tensor *t = *slot;
+    if (!t || !t->storage || t->packed || t->dtype != TS_F32) return;
+    ts_tensor *p = memo_view(t);
+    if (!p && packable(t, input) && (p = ts_tensor_copy_as(t, TS_BF16))) memo_add(t, p, false);
     if (!p) return;
     p->packed = true;
     p->requires_grad = t->requires_grad;
@@ -123,12 +136,12 @@ static void pack_flush(void) {
     ts_node *n = pack_pending;
     pack_pending = NULL;
     if (!n) return;
-    for (int i = 0; i < n->n_inputs; i++)
-        if (packable(n->inputs[i], true)) pack_slot(&n->inputs[i]);
-    for (int i = 0; i < TS_NODE_MAX_SAVED; i++)
-        if (packable(n->saved[i], false)) pack_slot(&n->saved[i]);
+    for (int i = 0; i < n->n_inputs; i++) pack_slot(&n->inputs[i], true);
+    for (int i = 0; i < TS_NODE_MAX_SAVED; i++) pack_slot(&n->saved[i], false);
     ts_node_release(n);
 }
+
+bool ts_autograd_packing(void) { return pack_on; }
 
 bool ts_autograd_set_pack_bf16(bool on) {
     bool prev = pack_on;
@@ -141,11 +154,31 @@ bool ts_autograd_set_pack_bf16(bool on) {
     return prev;
 }
 
+/* The f32 values of packed view p laid out with p's strides, so a
+ * backward sees the layout it would have seen unpacked (and its GEMMs sum
+ * in the same order): the span of storage p covers, widened. */
+static ts_tensor *widen(const ts_tensor *p) {
+    int64_t span = 1;
+    for (int d = 0; d < p->ndim; d++) {
+        if (p->shape[d] == 0 || p->strides[d] < 0) return ts_tensor_copy_as(p, TS_F32);
+        span += (p->shape[d] - 1) * p->strides[d];
+    }
+    if (ts_tensor_is_contiguous(p)) return ts_tensor_copy_as(p, TS_F32);
+    ts_tensor *src = ts_tensor_from_storage(p->storage, TS_BF16, p->offset, 1, &span, NULL);
+    ts_tensor *base = src ? ts_tensor_empty(TS_F32, 1, &span) : NULL;
+    ts_tensor *u = base && !ts_tensor_copy_(base, src)
+                       ? ts_tensor_from_storage(base->storage, TS_F32, 0, p->ndim, p->shape, p->strides)
+                       : NULL;
+    ts_tensor_release(src);
+    ts_tensor_release(base);
+    return u;
+}
+
 /* The f32 tensor a packed slot stands for, with its history. */
 static ts_status unpack_slot(ts_tensor **slot) {
     ts_tensor *p = *slot;
     if (!p || !p->packed) return TS_OK;
-    ts_tensor *u = ts_tensor_copy_as(p, TS_F32);
+    ts_tensor *u = widen(p);
     if (!u) return ts_last_status();
     u->requires_grad = p->requires_grad;
     u->grad_fn = p->grad_fn;

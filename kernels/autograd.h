@@ -59,13 +59,24 @@ bool ts_grad_set_enabled(bool on);
  * compute mode of a model turns it on for its forward): while on, each
  * node recorded through ts_autograd_record keeps its f32 inputs with
  * history and its f32 saved tensors of at least 4096 elements as bf16
- * copies (half the memory; the same storage kept once per node), except
- * storages marked no_pack (parameters). Packing happens once the op has
+ * copies (half the memory; each view copied once per packing session),
+ * except storages marked no_pack (statistics that stay exact). Packing happens once the op has
  * finished recording (at the next record, when packing is turned off, or
  * at ts_backward); the engine converts the copies back to f32 just before
  * the node's backward, which therefore sees bf16-rounded activations.
  * Returns the previous state. */
 bool ts_autograd_set_pack_bf16(bool on);
+
+/* Whether packing is on in this thread. */
+bool ts_autograd_packing(void);
+
+/* While packing is on (until it is turned off), every view of f32's
+ * storage that a node keeps is packed as the same view of bf16's storage
+ * instead of a copy, whatever its size: bf16 holds f32's values rounded,
+ * laid out alike (both contiguous, same shape) - a parameter's f32
+ * conversion and its bf16 compute copy. The engine widens such a view
+ * with its strides kept. */
+void ts_autograd_pack_as(const ts_tensor *f32, ts_tensor *bf16);
 
 /* True when grad mode is on and any of the n inputs requires grad. */
 bool ts_autograd_needed(int n, ts_tensor *const *inputs);

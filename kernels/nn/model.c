@@ -203,6 +203,19 @@ ts_status ts_model_fold_compute_grads(ts_model *m, float scale) {
     return st;
 }
 
+/* Gives cached conversion c (emptied by ts_model_drop_compute) the f32
+ * values of p's bf16 copy again in a new storage, keeping c's history, so
+ * every use of a parameter in one forward (a tied weight) goes through one
+ * node and its gradient is rounded to bf16 once. */
+static ts_status refill(const ts_param *p, ts_tensor *c) {
+    ts_tensor *f = ts_tensor_copy_as(p->value16, TS_F32);
+    if (!f) return ts_last_status();
+    c->storage = f->storage;
+    ts_storage_retain(c->storage);
+    ts_tensor_release(f);
+    return TS_OK;
+}
+
 ts_tensor *ts_model_param(const ts_model *m, int i) {
     ts_param *p = &m->params[i];
     if (m->compute_dtype != TS_BF16) return p->value;
@@ -213,10 +226,12 @@ ts_tensor *ts_model_param(const ts_model *m, int i) {
     if (!c || stale) {
         c = ts_to_dtype(p->value16, TS_F32);
         if (!c) return NULL;
-        c->storage->no_pack = true; /* held by the model anyway */
         ts_tensor_release(p->compute);
         p->compute = c;
+    } else if (!c->storage && refill(p, c)) {
+        return NULL;
     }
+    ts_autograd_pack_as(c, p->value16); /* nodes keep bf16 views, not the f32 copy */
     return c;
 }
 
@@ -267,12 +282,25 @@ ts_tensor *ts_model_forward(ts_model *m, ts_tensor *x) {
         ts_error(TS_ERR_STATE, "model: forward before the model was built and finalized");
         return NULL;
     }
-    /* bf16 compute keeps the activations saved for backward in bf16 */
+    /* bf16 compute keeps what backward needs in bf16: activations as
+     * copies, weights as views of the bf16 parameter copy (each module
+     * drops its weights' f32 conversions when its forward is done) */
     bool pack = m->compute_dtype == TS_BF16 && ts_grad_enabled();
     bool prev = pack && ts_autograd_set_pack_bf16(true);
     ts_tensor *y = ts_module_forward(m->root, x);
-    if (pack) ts_autograd_set_pack_bf16(prev);
+    if (!pack) return y;
+    ts_autograd_set_pack_bf16(prev);
+    ts_model_drop_compute(m, 0, m->n_params);
     return y;
+}
+
+void ts_model_drop_compute(ts_model *m, int first, int n) {
+    for (int i = first; i < first + n && i < m->n_params; i++) {
+        ts_tensor *c = m->params[i].compute;
+        if (!c || !c->storage) continue;
+        ts_storage_release(c->storage); /* views still in use hold their own reference */
+        c->storage = NULL;
+    }
 }
 
 ts_status ts_model_copy_params(ts_model *dst, const ts_model *src, int *n_copied) {

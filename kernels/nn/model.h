@@ -29,9 +29,13 @@
  *   What stays f32: the master weights (flat_params), the master gradients
  *   the optimizer reads (flat_grads), the optimizer state, and the
  *   arithmetic - the CPU ops compute in f32 (Debian's OpenBLAS has no bf16
- *   GEMM), so each op reads bf16 values widened to f32; the converted
- *   weights the forward uses are f32 tensors (one per parameter, held until
- *   the next sync or fold).
+ *   GEMM), so each op reads bf16 values widened to f32. The weights the
+ *   forward uses are f32 conversions of the bf16 leaves (one tensor per
+ *   parameter, so a tied weight's gradient is rounded once); the nodes
+ *   keep bf16 views of flat_params16 instead, and each module frees its
+ *   weights' converted values when its forward is done (they are converted
+ *   again on the next use; the tensors themselves go at the next sync or
+ *   fold).
  * Per step: ts_model_zero_grad; per micro-batch forward, backward of the
  * loss scaled by 1/k, ts_model_fold_compute_grads(m, 1); clip and step on
  * the f32 buffers; ts_model_sync_compute. Folding after every backward keeps
@@ -116,6 +120,11 @@ ts_tensor *ts_model_grad_leaf(const ts_model *m, int i);
  * Needs a finalized model with f32 master buffers; any other dtype is an
  * error naming it. */
 ts_status ts_model_set_compute_dtype(ts_model *m, ts_dtype dt);
+
+/* Frees the values of the cached f32 conversions of parameters [first,
+ * first + n) (bf16 compute), keeping their autograd history; the next
+ * ts_model_param converts them again into the same tensor. */
+void ts_model_drop_compute(ts_model *m, int first, int n);
 
 /* Rounds the f32 master into the bf16 copy (nearest even). Call after each
  * optimizer step and after anything else writes master values (loading a

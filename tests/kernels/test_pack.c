@@ -2,7 +2,10 @@
  * (ts_autograd_set_pack_bf16): which slots are packed, one copy per view,
  * gradients close to the unpacked run's but not equal to them, the forward
  * freeing the f32 originals, and a bf16-compute GPT whose activations are
- * packed giving gradients close to the f32 model's. */
+ * packed and whose weights' f32 conversions are gone after the forward,
+ * giving gradients close to the f32 model's. (test_mixed checks that the
+ * packed weights still give gradients equal to bf16 of the f32 gradients
+ * computed with bf16-rounded weights.) */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -169,6 +172,9 @@ static void test_gpt_bf16_packed(void **state) {
                 for (int k = 0; k < TS_NODE_MAX_SAVED; k++) packed += n->saved[k] && n->saved[k]->packed;
             print_message("packed saved tensors along the first-input chain: %d\n", packed);
             assert_true(packed > 0);
+            /* the weights' f32 conversions went with the forward */
+            for (int k = 0; k < m[i]->n_params; k++)
+                assert_true(!m[i]->params[k].compute || !m[i]->params[k].compute->storage);
         }
         assert_int_equal(ts_backward(loss, NULL), TS_OK);
         ts_tensor_release(loss);
