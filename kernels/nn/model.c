@@ -204,9 +204,10 @@ ts_status ts_model_fold_compute_grads(ts_model *m, float scale) {
 }
 
 /* Gives cached conversion c (emptied by ts_model_drop_compute) the f32
- * values of p's bf16 copy again in a new storage, keeping c's history, so
- * every use of a parameter in one forward (a tied weight) goes through one
- * node and its gradient is rounded to bf16 once. */
+ * values of p's bf16 copy again in a new storage, keeping c's history (the
+ * same conversion node), so every use of a parameter in one forward (a
+ * tied weight) goes through one node and its gradient is rounded to bf16
+ * once. */
 static ts_status refill(const ts_param *p, ts_tensor *c) {
     ts_tensor *f = ts_tensor_copy_as(p->value16, TS_F32);
     if (!f) return ts_last_status();
@@ -298,8 +299,20 @@ void ts_model_drop_compute(ts_model *m, int first, int n) {
     for (int i = first; i < first + n && i < m->n_params; i++) {
         ts_tensor *c = m->params[i].compute;
         if (!c || !c->storage) continue;
-        ts_storage_release(c->storage); /* views still in use hold their own reference */
-        c->storage = NULL;
+        /* the cache gets an empty tensor with c's shape and history; c
+         * itself stays whole for any node still holding it */
+        ts_tensor *e = calloc(1, sizeof *e);
+        if (!e) continue;
+        e->ndim = c->ndim;
+        memcpy(e->shape, c->shape, sizeof e->shape);
+        memcpy(e->strides, c->strides, sizeof e->strides);
+        e->dtype = c->dtype;
+        e->refcount = 1;
+        e->requires_grad = c->requires_grad;
+        e->grad_fn = c->grad_fn;
+        ts_node_retain(e->grad_fn);
+        m->params[i].compute = e;
+        ts_tensor_release(c);
     }
 }
 

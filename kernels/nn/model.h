@@ -121,9 +121,10 @@ ts_tensor *ts_model_grad_leaf(const ts_model *m, int i);
  * error naming it. */
 ts_status ts_model_set_compute_dtype(ts_model *m, ts_dtype dt);
 
-/* Frees the values of the cached f32 conversions of parameters [first,
- * first + n) (bf16 compute), keeping their autograd history; the next
- * ts_model_param converts them again into the same tensor. */
+/* Lets go of the values of the cached f32 conversions of parameters
+ * [first, first + n) (bf16 compute): the cache keeps an empty tensor with
+ * the same autograd history, filled again by the next ts_model_param; a
+ * node still holding the old tensor keeps it whole. */
 void ts_model_drop_compute(ts_model *m, int first, int n);
 
 /* Rounds the f32 master into the bf16 copy (nearest even). Call after each

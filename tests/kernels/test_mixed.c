@@ -1,7 +1,7 @@
 /* test_mixed.c - bf16 compute with f32 master weights on the flat buffers.
  *
  * (1) the bf16 parameter copy is ts_bf16_from_f32 of the master, refreshed
- * by sync, and zero_grad clears both gradient buffers; (2) MLP and GPT
+ * by sync, and zero_grad clears both gradient buffers; (2) MLP, CNN and GPT
  * gradients with bf16 compute are close to the f32 model's and equal, up to
  * the bf16 rounding of the gradient, to the f32 gradients computed with
  * bf16-rounded weights (also with activation checkpointing); (3) 50 AdamW
@@ -202,6 +202,15 @@ static void test_gpt_gradients(void **state) {
     check_gradients(&c);
 }
 
+/* a conv keeps its weight tensor itself (not a view), which must survive
+ * the module dropping its converted weights */
+static void test_cnn_gradients(void **state) {
+    (void)state;
+    mixed_case c = {.classes = 5, .n = 4};
+    c.spec = (ts_model_spec){.arch = TS_ARCH_CNN, .in_ch = 1, .img = 8, .ch1 = 2, .ch2 = 4, .kernel = 3, .classes = 5};
+    check_gradients(&c);
+}
+
 /* (3) */
 static void test_adamw_tracks_f32(void **state) {
     (void)state;
@@ -296,6 +305,7 @@ static void test_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_copy),     cmocka_unit_test(test_mlp_gradients), cmocka_unit_test(test_gpt_gradients),
+        cmocka_unit_test(test_cnn_gradients),
         cmocka_unit_test(test_adamw_tracks_f32), cmocka_unit_test(test_micro_batches), cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
