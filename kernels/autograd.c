@@ -206,19 +206,25 @@ void ts_node_save(ts_node *node, int i, const ts_tensor *t) {
     node->saved[i] = t ? ts_tensor_alias(t) : NULL;
 }
 
+ts_tensor *ts_autograd_meta(const ts_tensor *t) {
+    ts_tensor *meta = calloc(1, sizeof *meta);
+    if (!meta) return NULL;
+    meta->ndim = t->ndim;
+    memcpy(meta->shape, t->shape, sizeof t->shape);
+    memcpy(meta->strides, t->strides, sizeof t->strides);
+    meta->dtype = t->dtype;
+    meta->refcount = 1;
+    meta->requires_grad = t->requires_grad;
+    meta->grad_fn = t->grad_fn;
+    ts_node_retain(meta->grad_fn);
+    return meta;
+}
+
 void ts_node_forget_input_data(ts_node *node, int i) {
     ts_tensor *x = node ? node->inputs[i] : NULL;
     if (!x || !x->grad_fn) return; /* a leaf or a constant: kept */
-    ts_tensor *meta = calloc(1, sizeof *meta);
+    ts_tensor *meta = ts_autograd_meta(x);
     if (!meta) return; /* keeping the full input is still correct */
-    meta->ndim = x->ndim;
-    memcpy(meta->shape, x->shape, sizeof x->shape);
-    memcpy(meta->strides, x->strides, sizeof x->strides);
-    meta->dtype = x->dtype;
-    meta->refcount = 1;
-    meta->requires_grad = x->requires_grad;
-    meta->grad_fn = x->grad_fn;
-    ts_node_retain(meta->grad_fn);
     node->inputs[i] = meta;
     ts_tensor_release(x);
 }

@@ -96,6 +96,10 @@ ts_node *ts_autograd_record(ts_tensor *out, const char *op, ts_backward_fn backw
 /* Saves an alias of t (no history) in slot i of node. */
 void ts_node_save(ts_node *node, int i, const ts_tensor *t);
 
+/* A tensor with t's shape, strides, dtype and autograd history but no
+ * storage (NULL if out of memory). */
+ts_tensor *ts_autograd_meta(const ts_tensor *t);
+
 /* Declares that node's backward never reads the values of input i (add,
  * sub, copies, reshape): when that input has history, the node keeps only
  * what the engine needs (shape, dtype, grad_fn) in place of the tensor, so

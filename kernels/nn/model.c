@@ -301,16 +301,8 @@ void ts_model_drop_compute(ts_model *m, int first, int n) {
         if (!c || !c->storage) continue;
         /* the cache gets an empty tensor with c's shape and history; c
          * itself stays whole for any node still holding it */
-        ts_tensor *e = calloc(1, sizeof *e);
+        ts_tensor *e = ts_autograd_meta(c);
         if (!e) continue;
-        e->ndim = c->ndim;
-        memcpy(e->shape, c->shape, sizeof e->shape);
-        memcpy(e->strides, c->strides, sizeof e->strides);
-        e->dtype = c->dtype;
-        e->refcount = 1;
-        e->requires_grad = c->requires_grad;
-        e->grad_fn = c->grad_fn;
-        ts_node_retain(e->grad_fn);
         m->params[i].compute = e;
         ts_tensor_release(c);
     }
