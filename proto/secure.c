@@ -248,6 +248,9 @@ static void zap_answer(struct ts_secure_zap *z) {
               zmq_msg_size(&f[6]) == 32 && memcmp(zmq_msg_data(&f[6]), z->client_key, 32) == 0;
     const char *code = ok ? "200" : "400";
     const char *text = ok ? "OK" : "not a member of this job";
+    /* counted before the reply: once a peer's first message arrives, its
+     * admission shows in the counts */
+    atomic_fetch_add(ok ? &z->admitted : &z->refused, 1);
     /* The reply echoes the request id (frame 1) when the request had one. */
     zmq_send(z->rep, "1.0", 3, ZMQ_SNDMORE);
     if (n >= 2) zmq_send(z->rep, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), ZMQ_SNDMORE);
@@ -257,7 +260,6 @@ static void zap_answer(struct ts_secure_zap *z) {
     zmq_send(z->rep, ok ? "member" : "", ok ? 6 : 0, ZMQ_SNDMORE);
     zmq_send(z->rep, "", 0, 0);
     for (int i = 0; i < kept; i++) zmq_msg_close(&f[i]);
-    atomic_fetch_add(ok ? &z->admitted : &z->refused, 1);
 }
 
 static void *zap_main(void *arg) {
