@@ -20,21 +20,6 @@ bool ts_dtype_is_float(ts_dtype dt) { return dt == TS_F32 || dt == TS_F64 || dt 
 
 const char *ts_device_name(ts_device d) { return d == TS_CPU ? "cpu" : "cuda"; }
 
-uint16_t ts_bf16_from_f32(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-float ts_f32_from_bf16(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* ---- storage ---- */
 
 ts_storage *ts_storage_wrap(void *data, size_t nbytes, void (*release)(void *, size_t, void *), void *ctx) {
@@ -259,23 +244,18 @@ ts_status ts_tensor_fill_(ts_tensor *t, double v) {
     return TS_OK;
 }
 
-/* n contiguous elements between f32 and bf16 (either way), as
- * ts_bf16_from_f32 / ts_f32_from_bf16 round, in a loop that vectorises. */
+/* n contiguous elements between f32 and bf16 (either way). */
 static void convert_bf16(ts_tensor *dst, const ts_tensor *src, int64_t n) {
     if (dst->dtype == TS_BF16) {
         uint16_t *d = ts_tensor_data(dst);
-        const uint32_t *s = ts_tensor_data(src);
+        const float *s = ts_tensor_data(src);
 #pragma omp parallel for simd if (n > 65536)
-        for (int64_t i = 0; i < n; i++) {
-            uint32_t u = s[i];
-            uint16_t r = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-            d[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40) : r;
-        }
+        for (int64_t i = 0; i < n; i++) d[i] = ts_bf16_from_f32(s[i]);
     } else {
-        uint32_t *d = ts_tensor_data(dst);
+        float *d = ts_tensor_data(dst);
         const uint16_t *s = ts_tensor_data(src);
 #pragma omp parallel for simd if (n > 65536)
-        for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
+        for (int64_t i = 0; i < n; i++) d[i] = ts_f32_from_bf16(s[i]);
     }
 }
 

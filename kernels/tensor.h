@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "kernels/rng.h"
 #include "kernels/status.h"
@@ -66,8 +67,19 @@ bool ts_dtype_is_float(ts_dtype dt); /* f32, f64, bf16 */
 const char *ts_device_name(ts_device d);
 
 /* bf16 <-> f32, round to nearest even (NaN stays NaN). */
-uint16_t ts_bf16_from_f32(float x);
-float ts_f32_from_bf16(uint16_t x);
+/* Inline and branch-free, so loops of them vectorise. */
+static inline uint16_t ts_bf16_from_f32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint16_t rounded = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40) : rounded; /* NaN stays quiet NaN */
+}
+static inline float ts_f32_from_bf16(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 /* Creation. Shapes are checked (0 <= ndim <= 8, sizes >= 0). */
 ts_tensor *ts_tensor_empty(ts_dtype dt, int ndim, const int64_t *shape);
