@@ -48,6 +48,13 @@ void ts_node_attach(ts_tensor *out, ts_node *node) {
     node->out_dtype = out->dtype;
 }
 
+/* dst takes src's autograd history: requires_grad and grad_fn (retained). */
+static void take_history(ts_tensor *dst, const ts_tensor *src) {
+    dst->requires_grad = src->requires_grad;
+    dst->grad_fn = src->grad_fn;
+    ts_node_retain(dst->grad_fn);
+}
+
 /* ---- packing saved activations to bf16 ---- */
 
 #define PACK_MIN 4096
@@ -110,7 +117,10 @@ static void memo_add(const ts_tensor *t, ts_tensor *copy, bool whole) {
 }
 
 void ts_autograd_pack_as(const ts_tensor *f32, ts_tensor *bf16) {
-    if (pack_on && f32->storage && bf16->storage) memo_add(f32, bf16, true);
+    if (!pack_on || !f32->storage || !bf16->storage) return;
+    for (int i = 0; i < pack_n; i++)
+        if (pack_memo[i].whole && pack_memo[i].storage == f32->storage->id) return; /* already there */
+    memo_add(f32, bf16, true);
 }
 
 /* Replaces *slot by a bf16 tensor with the same values - a view of an
@@ -124,9 +134,7 @@ static void pack_slot(ts_tensor **slot, bool input) {
     if (!p && packable(t, input) && (p = ts_tensor_copy_as(t, TS_BF16))) memo_add(t, p, false);
     if (!p) return;
     p->packed = true;
-    p->requires_grad = t->requires_grad;
-    p->grad_fn = t->grad_fn;
-    ts_node_retain(p->grad_fn);
+    take_history(p, t);
     *slot = p;
     ts_tensor_release(t);
 }
@@ -180,9 +188,7 @@ static ts_status unpack_slot(ts_tensor **slot) {
     if (!p || !p->packed) return TS_OK;
     ts_tensor *u = widen(p);
     if (!u) return ts_last_status();
-    u->requires_grad = p->requires_grad;
-    u->grad_fn = p->grad_fn;
-    ts_node_retain(u->grad_fn);
+    take_history(u, p);
     ts_tensor_release(p);
     *slot = u;
     return TS_OK;
@@ -214,9 +220,7 @@ ts_tensor *ts_autograd_meta(const ts_tensor *t) {
     memcpy(meta->strides, t->strides, sizeof t->strides);
     meta->dtype = t->dtype;
     meta->refcount = 1;
-    meta->requires_grad = t->requires_grad;
-    meta->grad_fn = t->grad_fn;
-    ts_node_retain(meta->grad_fn);
+    take_history(meta, t);
     return meta;
 }
 

@@ -74,8 +74,8 @@ bool ts_autograd_packing(void);
  * storage that a node keeps is packed as the same view of bf16's storage
  * instead of a copy, whatever its size: bf16 holds f32's values rounded,
  * laid out alike (both contiguous, same shape) - a parameter's f32
- * conversion and its bf16 compute copy. The engine widens such a view
- * with its strides kept. */
+ * conversion and its bf16 compute copy. Registering a storage again is a
+ * no-op. The engine widens such a view with its strides kept. */
 void ts_autograd_pack_as(const ts_tensor *f32, ts_tensor *bf16);
 
 /* True when grad mode is on and any of the n inputs requires grad. */

@@ -203,7 +203,7 @@ ts_status ts_model_fold_compute_grads(ts_model *m, float scale) {
     return st;
 }
 
-/* Gives cached conversion c (emptied by ts_model_drop_compute) the f32
+/* Gives cached conversion c (emptied by ts_model_empty_conversions) the f32
  * values of p's bf16 copy again in a new storage, keeping c's history (the
  * same conversion node), so every use of a parameter in one forward (a
  * tied weight) goes through one node and its gradient is rounded to bf16
@@ -285,17 +285,18 @@ ts_tensor *ts_model_forward(ts_model *m, ts_tensor *x) {
     }
     /* bf16 compute keeps what backward needs in bf16: activations as
      * copies, weights as views of the bf16 parameter copy (each module
-     * drops its weights' f32 conversions when its forward is done) */
+     * empties its weights' f32 conversions when its forward is done; this
+     * catches the weights used outside their module, like a tied head) */
     bool pack = m->compute_dtype == TS_BF16 && ts_grad_enabled();
     bool prev = pack && ts_autograd_set_pack_bf16(true);
     ts_tensor *y = ts_module_forward(m->root, x);
     if (!pack) return y;
     ts_autograd_set_pack_bf16(prev);
-    ts_model_drop_compute(m, 0, m->n_params);
+    ts_model_empty_conversions(m, 0, m->n_params);
     return y;
 }
 
-void ts_model_drop_compute(ts_model *m, int first, int n) {
+void ts_model_empty_conversions(ts_model *m, int first, int n) {
     for (int i = first; i < first + n && i < m->n_params; i++) {
         ts_tensor *c = m->params[i].compute;
         if (!c || !c->storage) continue;

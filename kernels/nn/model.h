@@ -125,7 +125,7 @@ ts_status ts_model_set_compute_dtype(ts_model *m, ts_dtype dt);
  * [first, first + n) (bf16 compute): the cache keeps an empty tensor with
  * the same autograd history, filled again by the next ts_model_param; a
  * node still holding the old tensor keeps it whole. */
-void ts_model_drop_compute(ts_model *m, int first, int n);
+void ts_model_empty_conversions(ts_model *m, int first, int n);
 
 /* Rounds the f32 master into the bf16 copy (nearest even). Call after each
  * optimizer step and after anything else writes master values (loading a

@@ -177,7 +177,7 @@ ts_tensor *ts_module_forward(ts_module *mod, ts_tensor *x) {
     }
     /* with packing the nodes keep bf16 views of the weights: the f32
      * conversions of this module's own parameters can go */
-    if (ts_autograd_packing()) ts_model_drop_compute(mod->model, mod->param0, mod->n_params);
+    if (ts_autograd_packing()) ts_model_empty_conversions(mod->model, mod->param0, mod->n_params);
     mod->out_ndim = y->ndim;
     memcpy(mod->out_shape, y->shape, sizeof y->shape);
     if (run_hooks(mod, TS_HOOK_POST_FORWARD, y)) {
