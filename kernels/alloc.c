@@ -201,19 +201,17 @@ void *ts_alloc(size_t nbytes) {
     if (b) {
         free_lists[c] = b->next;
         stats.n_cache_hits++;
+        count_alloc(block);
     }
     pthread_mutex_unlock(&lock);
+    if (b) return b;
+    b = aligned_alloc(64, block);
     if (!b) {
-        b = aligned_alloc(64, block);
-        if (!b) {
-            ts_error(TS_ERR_MEMORY, "alloc: out of memory allocating %zu bytes", block);
-            return NULL;
-        }
-        pthread_mutex_lock(&lock);
-        stats.reserved += block;
-        pthread_mutex_unlock(&lock);
+        ts_error(TS_ERR_MEMORY, "alloc: out of memory allocating %zu bytes", block);
+        return NULL;
     }
     pthread_mutex_lock(&lock);
+    stats.reserved += block;
     count_alloc(block);
     pthread_mutex_unlock(&lock);
     return b;
