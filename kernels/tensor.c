@@ -332,6 +332,10 @@ ts_tensor *ts_tensor_copy_as(const ts_tensor *t, ts_dtype dt) {
     return out;
 }
 
+ts_tensor *ts_tensor_dense(const ts_tensor *t) {
+    return ts_tensor_is_contiguous(t) ? ts_tensor_retain((ts_tensor *)t) : ts_tensor_copy_as(t, t->dtype);
+}
+
 /* ---- creation ---- */
 
 ts_tensor *ts_tensor_full(ts_dtype dt, int ndim, const int64_t *shape, double value) {

@@ -148,6 +148,9 @@ ts_status ts_tensor_add_(ts_tensor *dst, const ts_tensor *src);
 ts_status ts_tensor_fill_(ts_tensor *t, double v);
 /* A contiguous copy of t with dtype dt (no autograd). */
 ts_tensor *ts_tensor_copy_as(const ts_tensor *t, ts_dtype dt);
+/* t itself (retained) when contiguous, else a contiguous copy of the same
+ * dtype without history. */
+ts_tensor *ts_tensor_dense(const ts_tensor *t);
 
 /* "[4,8]" for error messages; from a small ring of per-thread buffers, so a
  * few may be used in one printf. */

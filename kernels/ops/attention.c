@@ -257,16 +257,11 @@ static ts_status check_inputs(const ts_tensor *q, const ts_tensor *k, const ts_t
     return TS_OK;
 }
 
-/* A contiguous tensor with t's values (t retained when already contiguous). */
-static ts_tensor *dense(ts_tensor *t) {
-    return ts_tensor_is_contiguous(t) ? ts_tensor_retain(t) : ts_tensor_copy_as(t, t->dtype);
-}
-
 ts_tensor *ts_attention(ts_tensor *q, ts_tensor *k, ts_tensor *v, bool causal, double scale) {
     geom ge;
     if (check_inputs(q, k, v, causal, scale, &ge)) return NULL;
     int64_t oshape[4] = {q->shape[0], q->shape[1], ge.Tq, ge.Dv}, nl = ge.BH * ge.Tq;
-    ts_tensor *qc = dense(q), *kc = dense(k), *vc = dense(v), *sc = scratch(q->dtype, &ge);
+    ts_tensor *qc = ts_tensor_dense(q), *kc = ts_tensor_dense(k), *vc = ts_tensor_dense(v), *sc = scratch(q->dtype, &ge);
     ts_tensor *out = ts_tensor_empty(q->dtype, 4, oshape), *lse = ts_tensor_empty(q->dtype, 1, &nl);
     if (qc && kc && vc && sc && out && lse) {
         if (q->dtype == TS_F32)

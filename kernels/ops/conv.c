@@ -37,11 +37,6 @@ ts_conv2d_opts ts_conv2d_default_opts(void) {
     return (ts_conv2d_opts){.stride_h = 1, .stride_w = 1, .pad_h = 0, .pad_w = 0, .dil_h = 1, .dil_w = 1, .groups = 1};
 }
 
-/* t itself (retained) when contiguous, else a contiguous copy (no history). */
-static ts_tensor *dense(const ts_tensor *t) {
-    return ts_tensor_is_contiguous(t) ? ts_tensor_retain((ts_tensor *)t) : ts_tensor_copy_as(t, t->dtype);
-}
-
 /* The input x of the first conv of a network needs no gradient, so only
  * the weight (and bias) gradients are computed for it. */
 static ts_status conv2d_backward(ts_node *n, ts_tensor *grad, ts_tensor **gin) {
@@ -49,11 +44,11 @@ static ts_status conv2d_backward(ts_node *n, ts_tensor *grad, ts_tensor **gin) {
     memcpy(&g, n->ctx, sizeof g);
     ts_tensor *x = n->inputs[0], *w = n->inputs[1];
     bool want_x = ts_node_wants(n, 0), want_w = ts_node_wants(n, 1);
-    ts_tensor *gd = dense(grad), *xd = NULL, *wd = NULL;
+    ts_tensor *gd = ts_tensor_dense(grad), *xd = NULL, *wd = NULL;
     ts_status st = gd ? TS_OK : ts_last_status();
     if (!st && (want_x || want_w)) {
-        xd = want_w ? dense(x) : NULL;
-        wd = want_x ? dense(w) : NULL;
+        xd = want_w ? ts_tensor_dense(x) : NULL;
+        wd = want_x ? ts_tensor_dense(w) : NULL;
         if (want_w && xd) gin[1] = ts_tensor_empty(w->dtype, 4, w->shape);
         if (want_x && wd) gin[0] = ts_tensor_empty(x->dtype, 4, x->shape);
         if ((want_w && !gin[1]) || (want_x && !gin[0])) st = ts_last_status();
@@ -118,7 +113,7 @@ ts_tensor *ts_conv2d(ts_tensor *x, ts_tensor *w, ts_tensor *bias, const ts_conv2
     ts_conv2d_opts defaults = ts_conv2d_default_opts();
     ts_conv_geom g;
     if (conv_check(x, w, bias, opts ? opts : &defaults, &g)) return NULL;
-    ts_tensor *xd = dense(x), *wd = dense(w), *bd = bias ? dense(bias) : NULL;
+    ts_tensor *xd = ts_tensor_dense(x), *wd = ts_tensor_dense(w), *bd = bias ? ts_tensor_dense(bias) : NULL;
     ts_tensor *out = xd && wd && (!bias || bd) ? ts_tensor_empty(x->dtype, 4, (int64_t[]){g.N, g.O, g.Ho, g.Wo}) : NULL;
     if (out && (ts_conv_direct_fits(&g) ? ts_conv_direct_forward : ts_conv_gemm_forward)(
                    &g, x->dtype, ts_tensor_data(xd), ts_tensor_data(wd), bd ? ts_tensor_data(bd) : NULL,

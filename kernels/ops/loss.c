@@ -11,11 +11,6 @@
 /* Work below this many elements stays on one thread. */
 #define PAR_MIN 32768
 
-/* A contiguous tensor with t's values (t retained when already contiguous). */
-static ts_tensor *dense(ts_tensor *t) {
-    return ts_tensor_is_contiguous(t) ? ts_tensor_retain(t) : ts_tensor_copy_as(t, t->dtype);
-}
-
 /* ---- cross-entropy ---- */
 
 /* For each type: forward over N rows of C (lse per row, returns the summed
@@ -98,7 +93,7 @@ ts_tensor *ts_cross_entropy(ts_tensor *logits, ts_tensor *targets, int64_t ignor
         return NULL;
     }
     int64_t C = logits->shape[logits->ndim - 1], N = ts_tensor_numel(targets);
-    ts_tensor *x = dense(logits), *t = ts_tensor_copy_as(targets, TS_I64);
+    ts_tensor *x = ts_tensor_dense(logits), *t = ts_tensor_copy_as(targets, TS_I64);
     ts_tensor *x2 = x ? ts_tensor_from_storage(x->storage, x->dtype, x->offset, 2, (int64_t[]){N, C}, NULL) : NULL;
     ts_tensor *lse = ts_tensor_empty(logits->dtype, 1, &N), *out = NULL;
     if (!x2 || !t || !lse) goto done;
@@ -190,7 +185,7 @@ ts_tensor *ts_mse(ts_tensor *a, ts_tensor *b, ts_reduction reduction) {
         ts_error(TS_ERR_VALUE, "mse: unknown reduction %d (expected mean or sum)", (int)reduction);
         return NULL;
     }
-    ts_tensor *ac = dense(a), *bc = dense(b), *out = NULL;
+    ts_tensor *ac = ts_tensor_dense(a), *bc = ts_tensor_dense(b), *out = NULL;
     if (ac && bc) {
         int64_t m = ts_tensor_numel(a);
         double total = a->dtype == TS_F32 ? mse_fwd_f(ts_f32(ac), ts_f32(bc), m) : mse_fwd_d(ts_f64(ac), ts_f64(bc), m);

@@ -135,7 +135,7 @@ ts_tensor *ts_layernorm(ts_tensor *x, ts_tensor *weight, ts_tensor *bias, double
         ts_error(TS_ERR_VALUE, "layernorm: eps %g must be finite and >= 0", eps);
         return NULL;
     }
-    ts_tensor *xc = ts_tensor_is_contiguous(x) ? ts_tensor_retain(x) : ts_tensor_copy_as(x, x->dtype);
+    ts_tensor *xc = ts_tensor_dense(x);
     ts_tensor *wc = weight ? ts_tensor_copy_as(weight, x->dtype) : NULL;
     ts_tensor *bc = bias ? ts_tensor_copy_as(bias, x->dtype) : NULL;
     ts_tensor *y = ts_tensor_empty(x->dtype, x->ndim, x->shape);

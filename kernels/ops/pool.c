@@ -167,16 +167,11 @@ static ts_status pool_check(const char *op, const ts_tensor *x, const int64_t *k
  * is only its shape (see ts_node_forget_input_data). */
 static void node_geom(const ts_node *n, pool_geom *g) { pool_geometry(n->inputs[0]->shape, n->iargs, g); }
 
-/* A contiguous version of t (retained, or a copy without history). */
-static ts_tensor *dense(const ts_tensor *t) {
-    return ts_tensor_is_contiguous(t) ? ts_tensor_retain((ts_tensor *)t) : ts_tensor_copy_as(t, t->dtype);
-}
-
 static ts_status pool_backward(ts_node *n, ts_tensor *grad, ts_tensor **gin) {
     if (!ts_node_wants(n, 0)) return TS_OK;
     pool_geom g;
     node_geom(n, &g);
-    ts_tensor *x = n->inputs[0], *gd = dense(grad);
+    ts_tensor *x = n->inputs[0], *gd = ts_tensor_dense(grad);
     ts_tensor *dx = gd ? ts_tensor_empty(x->dtype, 4, x->shape) : NULL;
     if (!dx) {
         ts_tensor_release(gd);
@@ -197,7 +192,7 @@ static ts_tensor *pool2d(const char *op, bool is_max, ts_tensor *x, const int64_
     pool_geom g;
     if (pool_check(op, x, k, &g)) return NULL;
     int64_t shape[4] = {x->shape[0], x->shape[1], g.Ho, g.Wo};
-    ts_tensor *xd = dense(x);
+    ts_tensor *xd = ts_tensor_dense(x);
     ts_tensor *out = xd ? ts_tensor_empty(x->dtype, 4, shape) : NULL;
     ts_tensor *idx = out && is_max && ts_autograd_needed(1, &x) ? ts_tensor_empty(TS_I32, 4, shape) : NULL;
     if (!out || (is_max && ts_autograd_needed(1, &x) && !idx)) {

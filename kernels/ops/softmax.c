@@ -75,7 +75,7 @@ static ts_status softmax_backward(ts_node *node, ts_tensor *g, ts_tensor **gin) 
 
 /* softmax (lg false) or log_softmax (lg true) of x along its last dim. */
 static ts_tensor *softmax_last(ts_tensor *x, bool lg, const char *op) {
-    ts_tensor *xc = ts_tensor_is_contiguous(x) ? ts_tensor_retain(x) : ts_tensor_copy_as(x, x->dtype);
+    ts_tensor *xc = ts_tensor_dense(x);
     ts_tensor *y = xc ? ts_tensor_empty(x->dtype, x->ndim, x->shape) : NULL;
     if (!y) {
         ts_tensor_release(xc);
