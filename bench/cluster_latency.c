@@ -1,7 +1,7 @@
 /* cluster_latency.c - scheduler round trips with 8 nodes: median and p99.
  *
  * One process: the scheduler (scheduler/sched.h) runs on a thread, 8 worker
- * members (collective/member.h) on 8 more threads, all over CURVE on
+ * members (membership/member.h) on 8 more threads, all over CURVE on
  * loopback while every member heartbeats every 100 ms. Measured:
  *   - request/reply round trip on the heartbeat path: a member's message
  *     to the scheduler and the scheduler's answer (BLOB_PUT of 8 bytes and
@@ -25,7 +25,7 @@
 #include <zmq.h>
 
 #include "bench_util.h"
-#include "collective/member.h"
+#include "membership/member.h"
 #include "proto/secure.h"
 #include "scheduler/sched.h"
 

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "collective/member.h"
+#include "membership/member.h"
 
 /* Logs a new generation's world size, if one was announced. */
 static void note_membership(ts_member *m) {

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "collective/member.h"
+#include "membership/member.h"
 #include "kernels/rng.h"
 
 static double now_ms(void) {

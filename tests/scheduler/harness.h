@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
-#include "collective/member.h"
+#include "membership/member.h"
 #include "proto/secure.h"
 
 typedef struct {

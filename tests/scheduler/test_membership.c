@@ -86,7 +86,6 @@ static void rendezvous_two_servers_four_workers(void **state)
     assert_string_equal(st.phase, "running");
     assert_int_equal(st.generation, 1);
     assert_int_equal(st.nroster, 6);
-    ts_member_status_print(&st, stderr);
     ts_proto_msg_free(&st);
     for (int i = 0; i < 6; i++)
         ts_member_leave(m[i], "test over");

@@ -10,7 +10,7 @@
  * heartbeat_ms. A socket monitor turns a refused CURVE handshake into an
  * immediate join error.
  */
-#include "collective/member.h"
+#include "membership/member.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -836,20 +836,4 @@ ts_status ts_member_status_query(const char *scheduler, const char *key_file, in
     zmq_close(sock);
     zmq_ctx_term(ctx);
     return st;
-}
-
-void ts_member_status_print(const ts_proto_msg *r, FILE *out)
-{
-    fprintf(out, "job %s: phase %s, generation %llu, step %lld of %lld, workers %u..%u\n",
-            r->job, r->phase, (unsigned long long)r->generation, (long long)r->step,
-            (long long)r->steps, r->min_workers, r->max_workers);
-    fprintf(out, "%5s %-7s %-5s %8s %8s %12s %5s  %s\n", "rank", "role", "alive", "step",
-            "barrier", "heartbeat_ms", "gen", "address");
-    for (size_t i = 0; i < r->nroster; i++) {
-        const ts_proto_member *e = &r->roster[i];
-        fprintf(out, "%5d %-7s %-5s %8lld %8lld %12lld %5llu  %s\n", e->rank,
-                ts_proto_role_name(e->role), e->alive ? "yes" : "no", (long long)e->last_step,
-                (long long)e->last_barrier, (long long)e->heartbeat_age_ms,
-                (unsigned long long)e->joined_generation, e->address[0] ? e->address : "-");
-    }
 }

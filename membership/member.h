@@ -13,8 +13,8 @@
  * Thread safety: any thread may call any function on a ts_member; blocking
  * requests are served one at a time. Conversation: scheduler/README.md.
  */
-#ifndef TS_COLLECTIVE_MEMBER_H
-#define TS_COLLECTIVE_MEMBER_H
+#ifndef TS_MEMBERSHIP_MEMBER_H
+#define TS_MEMBERSHIP_MEMBER_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -108,9 +108,5 @@ void ts_member_close(ts_member *m);
  * STATUS_REPLY in *reply (free with ts_proto_msg_free). */
 ts_status ts_member_status_query(const char *scheduler, const char *key_file, int timeout_ms,
                                  ts_proto_msg *reply);
-
-/* Writes a STATUS_REPLY as text: phase, generation, step, then one line
- * per node (rank, role, alive, address, step, last barrier, heartbeat age). */
-void ts_member_status_print(const ts_proto_msg *reply, FILE *out);
 
 #endif
