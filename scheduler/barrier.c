@@ -117,7 +117,7 @@ static bool try_release(ts_sched *s, sched_barrier *b)
     ts_proto_msg_free(&m);
     sched_released *r = &s->released[s->nreleased++ % SCHED_RELEASED_KEPT];
     *r = (sched_released){b->role, b->id, b->generation};
-    uint64_t ms = sched_now_ms() - b->started_ms;
+    uint64_t ms = sched_now_ms(s) - b->started_ms;
     if (ms * 4 > (uint64_t)s->cfg.barrier_timeout_ms)
         ts_sched_log(TS_SCHED_INFO, "barrier %lld released %zu %ss after %llu ms",
                      (long long)b->id, released, ts_proto_role_name(b->role),
@@ -126,17 +126,26 @@ static bool try_release(ts_sched *s, sched_barrier *b)
     return true;
 }
 
+/* Half the barrier timeout: a warning; all of it: the timeout. Judged on the
+ * scheduler's clock (the uv timer may fire early after a stall). */
 static void on_barrier_timer(uv_timer_t *h)
 {
     sched_barrier *b = h->data;
     ts_sched *s = b->s;
+    if (s->stopping)
+        return;
+    uint64_t t = (uint64_t)s->cfg.barrier_timeout_ms;
+    uint64_t left = ts_zloop_remaining_ms(&s->zloop, b->started_ms, b->warned ? t : t / 2);
+    if (left > 0) {
+        uv_timer_start(&b->timer, on_barrier_timer, left, 0);
+        return;
+    }
     char missing[TS_PROTO_REASON_MAX - 100];
     size_t count = missing_text(s, b, missing, sizeof missing);
     if (!b->warned) {
         b->warned = true;
         ts_sched_log(TS_SCHED_WARN, "barrier %lld half-way to its %d ms timeout, %zu missing: %s",
                      (long long)b->id, s->cfg.barrier_timeout_ms, count, missing);
-        uint64_t t = (uint64_t)s->cfg.barrier_timeout_ms;
         uv_timer_start(&b->timer, on_barrier_timer, t - t / 2, 0);
         return;
     }
@@ -188,7 +197,7 @@ void sched_on_barrier(ts_sched *s, sched_node *n, const ts_proto_msg *m)
         b->role = n->role;
         b->id = m->barrier_id;
         b->generation = s->generation;
-        b->started_ms = sched_now_ms();
+        b->started_ms = sched_now_ms(s);
         for (size_t i = 0; i < s->nnodes; i++) {
             const sched_node *o = &s->nodes[i];
             if (o->state == NODE_MEMBER && o->role == n->role && !add_rank(b, o->rank, false)) {

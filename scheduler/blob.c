@@ -111,14 +111,14 @@ void sched_on_blob_get(ts_sched *s, sched_node *n, const ts_proto_msg *m)
     }
     w->id = n->id;
     memcpy(w->key, m->key, sizeof w->key);
-    w->deadline_ms = sched_now_ms() + (uint64_t)s->cfg.barrier_timeout_ms;
+    w->deadline_ms = sched_now_ms(s) + (uint64_t)s->cfg.barrier_timeout_ms;
     w->next = s->blob_waits;
     s->blob_waits = w;
 }
 
 void sched_blob_expire(ts_sched *s)
 {
-    uint64_t now = sched_now_ms();
+    uint64_t now = sched_now_ms(s);
     for (sched_blob_wait **p = &s->blob_waits; *p;) {
         sched_blob_wait *w = *p;
         if (now >= w->deadline_ms) {

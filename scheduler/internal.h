@@ -1,9 +1,12 @@
 /* internal.h - state shared by the scheduler's files (not a public header).
  *
- * server.c owns the event loop and the socket and dispatches each validated
- * message; members.c keeps the node table (ranks, generations, step
- * boundaries, admission, failure detection, shutdown); barrier.c the named
- * barriers; blob.c the blob relay. All run on the loop thread.
+ * server.c owns the socket and the loop (a proto/zloop.h poll-and-drain
+ * loop) and dispatches each validated message; members.c keeps the node
+ * table (ranks, generations, step boundaries, admission, failure detection,
+ * end of job); barrier.c the named barriers; blob.c the blob relay; reply.c
+ * what is sent (replies, rejections, SHUTDOWN) and depends on no other
+ * scheduler file. All run on the loop thread; every time judged against a
+ * peer is read with sched_now_ms (the zloop clock, stalls left out).
  */
 #ifndef TS_SCHED_INTERNAL_H
 #define TS_SCHED_INTERNAL_H
@@ -15,6 +18,7 @@
 
 #include "proto/secure.h"
 #include "proto/wire.h"
+#include "proto/zloop.h"
 #include "scheduler/config.h"
 #include "scheduler/sched.h"
 
@@ -54,12 +58,10 @@ struct ts_sched {
     ts_secure_keys keys;
     void *zctx, *sock;
     ts_secure_zap *zap;
-    ts_proto_limits limits;
-    ts_proto_rx rx;
 
     uv_loop_t loop;
-    uv_poll_t zpoll;
-    uv_timer_t tick, rendezvous;
+    ts_zloop zloop;
+    uv_timer_t rendezvous;
     uv_signal_t sigint, sigterm;
     bool loop_ready, stopping, rendezvous_warned;
     int exit_code;
@@ -83,8 +85,10 @@ struct ts_sched {
     sched_blob_wait *blob_waits;
 };
 
-/* server.c */
-uint64_t sched_now_ms(void);
+/* The scheduler's clock in ms: monotonic, without the time it was stalled. */
+static inline uint64_t sched_now_ms(ts_sched *s) { return ts_zloop_now_ms(&s->zloop); }
+
+/* reply.c */
 /* Sends m (stamped with job, generation, scheduler rank by the caller via
  * sched_msg_init) to a peer; failures are logged, never fatal. */
 void sched_send(ts_sched *s, const ts_proto_identity *to, const ts_proto_msg *m,
@@ -98,7 +102,7 @@ void sched_send_error(ts_sched *s, const ts_proto_identity *to, uint32_t code,
  * (code, reason). */
 void sched_reject(ts_sched *s, const ts_proto_identity *id, const sched_node *n,
                   uint32_t code, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-/* Ends the loop after sending SHUTDOWN(code, reason) to every node. */
+/* Sends SHUTDOWN(code, reason) to every node and ends the loop. */
 void sched_shutdown(ts_sched *s, int code, const char *reason);
 /* Hex text of an identity (for logs), into buf of at least 2*8+3 bytes. */
 const char *sched_id_text(const ts_proto_identity *id, char *buf, size_t cap);

@@ -109,7 +109,7 @@ ts_status sched_roster(ts_sched *s, bool all, ts_proto_member **out, size_t *cou
     ts_proto_member *r = calloc(n ? n : 1, sizeof *r);
     if (!r)
         return ts_error(TS_ERR_MEMORY, "scheduler: roster of %zu entries: out of memory", n);
-    uint64_t now = sched_now_ms();
+    uint64_t now = sched_now_ms(s);
     size_t k = 0;
     for (size_t i = 0; i < s->nnodes; i++) {
         const sched_node *o = &s->nodes[i];
@@ -172,7 +172,7 @@ static void admit(ts_sched *s, sched_node *n, int64_t step)
     n->rank = choose_rank(s, n);
     n->state = NODE_MEMBER;
     n->joined_generation = s->generation;
-    n->last_seen_ms = sched_now_ms();
+    n->last_seen_ms = sched_now_ms(s);
     n->last_step = n->role == TS_ROLE_WORKER ? step : -1;
     n->last_barrier = -1;
     ts_sched_log(TS_SCHED_INFO, "generation %llu: %s rank %d admitted (address '%s', caps '%s'%s)",
@@ -226,7 +226,7 @@ static void try_start(ts_sched *s)
     admit_role(s, TS_ROLE_WORKER, (size_t)s->cfg.max_workers, -1);
     s->change_pending = false;
     ts_sched_log(TS_SCHED_INFO, "rendezvous complete after %llu ms",
-                 (unsigned long long)(sched_now_ms() - s->started_ms));
+                 (unsigned long long)(sched_now_ms(s) - s->started_ms));
     log_generation(s);
     announce(s);
 }
@@ -271,7 +271,7 @@ void sched_on_join(ts_sched *s, const ts_proto_identity *id, const ts_proto_msg 
 {
     sched_node *n = sched_node_find(s, id);
     if (n && (n->state == NODE_PENDING || n->state == NODE_MEMBER)) {
-        n->last_seen_ms = sched_now_ms(); /* repeated JOIN: the joiner is alive */
+        n->last_seen_ms = sched_now_ms(s); /* repeated JOIN: the joiner is alive */
         return;
     }
     if (m->role != TS_ROLE_PS && m->role != TS_ROLE_WORKER) {
@@ -303,7 +303,7 @@ void sched_on_join(ts_sched *s, const ts_proto_identity *id, const ts_proto_msg 
     n->role = m->role;
     memcpy(n->address, m->address, sizeof n->address);
     memcpy(n->caps, m->caps, sizeof n->caps);
-    n->last_seen_ms = sched_now_ms();
+    n->last_seen_ms = sched_now_ms(s);
     n->last_step = -1;
     n->last_barrier = -1;
     n->join_order = ++s->join_counter;
@@ -364,7 +364,7 @@ void sched_check_liveness(ts_sched *s)
 {
     if (s->stopping)
         return;
-    uint64_t now = sched_now_ms();
+    uint64_t now = sched_now_ms(s);
     uint64_t timeout = (uint64_t)s->cfg.heartbeat_timeout_ms;
     uint64_t pending_timeout = timeout > SCHED_PENDING_TIMEOUT_MIN_MS ? timeout
                                                                      : SCHED_PENDING_TIMEOUT_MIN_MS;

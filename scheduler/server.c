@@ -1,11 +1,10 @@
-/* server.c - the scheduler's libuv loop around its CURVE ROUTER socket.
+/* server.c - the scheduler's CURVE ROUTER socket, its loop and dispatch.
  *
- * The ROUTER socket's ZMQ_FD is watched with a uv_poll_t. ZMQ_FD is edge
- * triggered: after every wake-up, and after every callback that sent
- * something, the socket is drained (ZMQ_EVENTS + ZMQ_DONTWAIT) until no
- * input is left. Every message goes through ts_proto_recv (decode and
- * validate); a bad one is counted and answered with an ERROR, and the loop
- * goes on.
+ * The socket is served by a proto/zloop.h loop: every queued message goes
+ * through ts_proto_recv (decode and validate) and reaches on_message; a bad
+ * one is counted and answered with an ERROR, and the loop goes on. The
+ * zloop's tick runs the liveness check after the queue was read, on a clock
+ * that leaves out the time the scheduler itself was stalled.
  */
 #include "scheduler/internal.h"
 
@@ -19,73 +18,6 @@
 
 /* Largest payload the scheduler accepts (blobs are small). */
 #define SCHED_MAX_PAYLOAD (1u << 20)
-
-uint64_t sched_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-const char *sched_id_text(const ts_proto_identity *id, char *buf, size_t cap)
-{
-    size_t n = id->size < 8 ? id->size : 8;
-    size_t o = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < n && o + 3 < cap; i++)
-        o += (size_t)snprintf(buf + o, cap - o, "%02x", id->data[i]);
-    if (id->size > n && o + 3 < cap)
-        snprintf(buf + o, cap - o, "..");
-    return buf;
-}
-
-void sched_msg_init(ts_sched *s, ts_proto_msg *m, ts_proto_type type)
-{
-    ts_proto_msg_init(m, type, s->cfg.job, s->generation, TS_PROTO_RANK_SCHEDULER);
-}
-
-void sched_send(ts_sched *s, const ts_proto_identity *to, const ts_proto_msg *m,
-                const ts_proto_payload *payloads, size_t npayloads)
-{
-    if (ts_proto_send(s->sock, to, m, payloads, npayloads, ZMQ_DONTWAIT) != TS_OK) {
-        char idt[24];
-        ts_sched_log(TS_SCHED_WARN, "could not send %s to peer %s: %s",
-                     ts_proto_type_name(m->type), sched_id_text(to, idt, sizeof idt),
-                     ts_last_error());
-    }
-}
-
-void sched_send_error(ts_sched *s, const ts_proto_identity *to, uint32_t code,
-                      const char *fmt, ...)
-{
-    char reason[TS_PROTO_REASON_MAX + 1];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(reason, sizeof reason, fmt, ap);
-    va_end(ap);
-    ts_proto_msg m;
-    ts_proto_msg_error(&m, s->cfg.job, s->generation, TS_PROTO_RANK_SCHEDULER, code, reason);
-    sched_send(s, to, &m, NULL, 0);
-    ts_proto_msg_free(&m);
-}
-
-void sched_reject(ts_sched *s, const ts_proto_identity *id, const sched_node *n,
-                  uint32_t code, const char *fmt, ...)
-{
-    char reason[TS_PROTO_REASON_MAX + 1];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(reason, sizeof reason, fmt, ap);
-    va_end(ap);
-    s->bad_messages++;
-    char idt[24];
-    ts_sched_log(TS_SCHED_WARN, "rejected message %llu from peer %s (rank %d): %s: %s",
-                 (unsigned long long)s->bad_messages, sched_id_text(id, idt, sizeof idt),
-                 n ? n->rank : -1, ts_proto_error_name(code), reason);
-    if (id->size > 0)
-        sched_send_error(s, id, code, "%s (rejected message %llu)", reason,
-                         (unsigned long long)s->bad_messages);
-}
 
 /* STATUS -> STATUS_REPLY with every node, the phase and the settings. */
 static void reply_status(ts_sched *s, const ts_proto_identity *to)
@@ -161,7 +93,7 @@ static void dispatch(ts_sched *s, const ts_proto_identity *id, const ts_proto_ms
     if (!admissible(s, id, n, m))
         return;
     if (n && n->state == NODE_MEMBER)
-        n->last_seen_ms = sched_now_ms();
+        n->last_seen_ms = sched_now_ms(s);
     switch (m->type) {
     case TS_MSG_STATUS:
         reply_status(s, id);
@@ -201,59 +133,46 @@ static void dispatch(ts_sched *s, const ts_proto_identity *id, const ts_proto_ms
     }
 }
 
-/* Receives and handles every message that is waiting on the socket. */
-static void drain(ts_sched *s)
+/* zloop: one received message, valid or not. */
+static void on_message(void *owner, ts_proto_error e, ts_proto_rx *rx)
 {
-    while (!s->stopping) {
-        int events = 0;
-        size_t sz = sizeof events;
-        if (zmq_getsockopt(s->sock, ZMQ_EVENTS, &events, &sz) != 0 || !(events & ZMQ_POLLIN))
-            return;
-        ts_proto_error e = ts_proto_recv(s->sock, &s->limits, ZMQ_DONTWAIT, &s->rx);
-        if (e == TS_PROTO_E_AGAIN)
-            return;
-        if (e == TS_PROTO_E_IO) {
-            ts_sched_log(TS_SCHED_ERROR, "receive failed: %s", ts_last_error());
-            return;
-        }
-        if (e == TS_PROTO_OK)
-            dispatch(s, &s->rx.identity, &s->rx.msg);
-        else
-            sched_reject(s, &s->rx.identity, sched_node_find(s, &s->rx.identity), (uint32_t)e,
-                         "%s", ts_last_error());
-        ts_proto_rx_release(&s->rx);
-    }
+    ts_sched *s = owner;
+    if (e == TS_PROTO_OK)
+        dispatch(s, &rx->identity, &rx->msg);
+    else if (e == TS_PROTO_E_IO)
+        ts_sched_log(TS_SCHED_ERROR, "receive failed: %s", ts_last_error());
+    else
+        sched_reject(s, &rx->identity, sched_node_find(s, &rx->identity), (uint32_t)e, "%s",
+                     ts_last_error());
 }
 
-static void on_zmq(uv_poll_t *h, int status, int events)
+/* zloop: periodic, after the queued messages were read. */
+static void on_tick(void *owner)
 {
-    (void)status;
-    (void)events;
-    drain(h->data);
-}
-
-static void on_tick(uv_timer_t *h)
-{
-    ts_sched *s = h->data;
+    ts_sched *s = owner;
     sched_check_liveness(s);
     sched_blob_expire(s);
-    drain(s);
 }
 
+/* Half the rendezvous timeout: a warning; all of it: the job fails. Judged
+ * on the scheduler's clock (the uv timer may fire early after a stall). */
 static void on_rendezvous_timer(uv_timer_t *h)
 {
     ts_sched *s = h->data;
     if (s->phase != PHASE_RENDEZVOUS)
         return;
-    if (!s->rendezvous_warned) {
+    uint64_t timeout = (uint64_t)s->cfg.rendezvous_timeout_ms;
+    uint64_t left = ts_zloop_remaining_ms(&s->zloop, s->started_ms,
+                                          s->rendezvous_warned ? timeout : timeout / 2);
+    if (left > 0) {
+        uv_timer_start(h, on_rendezvous_timer, left, 0);
+    } else if (!s->rendezvous_warned) {
         s->rendezvous_warned = true;
         sched_rendezvous_warn(s);
-        uv_timer_start(h, on_rendezvous_timer,
-                       (uint64_t)s->cfg.rendezvous_timeout_ms - (uint64_t)s->cfg.rendezvous_timeout_ms / 2, 0);
+        uv_timer_start(h, on_rendezvous_timer, timeout - timeout / 2, 0);
     } else {
         sched_rendezvous_expired(s);
     }
-    drain(s);
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -270,32 +189,6 @@ static void close_handle(uv_handle_t *h, void *arg)
     (void)arg;
     if (!uv_is_closing(h))
         uv_close(h, NULL);
-}
-
-void sched_shutdown(ts_sched *s, int code, const char *reason)
-{
-    if (s->stopping)
-        return;
-    ts_proto_msg m;
-    sched_msg_init(s, &m, TS_MSG_SHUTDOWN);
-    m.code = (uint32_t)code;
-    ts_proto_set_str(m.reason, sizeof m.reason, reason);
-    size_t sent = 0;
-    for (size_t i = 0; i < s->nnodes; i++) {
-        if (s->nodes[i].state == NODE_MEMBER || s->nodes[i].state == NODE_PENDING) {
-            sched_send(s, &s->nodes[i].id, &m, NULL, 0);
-            sent++;
-        }
-    }
-    ts_proto_msg_free(&m);
-    ts_sched_log(code == 0 ? TS_SCHED_INFO : TS_SCHED_ERROR,
-                 "SHUTDOWN (code %d) sent to %zu nodes: %s; %llu rejected messages",
-                 code, sent, reason, (unsigned long long)s->bad_messages);
-    s->phase = PHASE_DONE;
-    s->stopping = true;
-    s->exit_code = code;
-    sched_barriers_free(s);
-    uv_walk(&s->loop, close_handle, NULL);
 }
 
 const char *ts_sched_endpoint(const ts_sched *s) { return s->endpoint; }
@@ -331,24 +224,40 @@ static ts_status init_socket(ts_sched *s)
     return TS_OK;
 }
 
+/* The tick: at most a quarter of the heartbeat timeout, 5..250 ms. */
+static uint64_t tick_period(const ts_sched_config *c)
+{
+    uint64_t period = (uint64_t)c->heartbeat_timeout_ms / 4;
+    if (period > (uint64_t)c->heartbeat_ms)
+        period = (uint64_t)c->heartbeat_ms;
+    if (period < 5)
+        period = 5;
+    if (period > 250)
+        period = 250;
+    return period;
+}
+
 static ts_status init_loop(ts_sched *s)
 {
-    int fd = -1;
-    size_t sz = sizeof fd;
-    if (zmq_getsockopt(s->sock, ZMQ_FD, &fd, &sz) != 0)
-        return ts_error(TS_ERR_IO, "scheduler: ZMQ_FD: %s", zmq_strerror(zmq_errno()));
     int rc = uv_loop_init(&s->loop);
     if (rc != 0)
         return ts_error(TS_ERR_IO, "scheduler: uv_loop_init: %s", uv_strerror(rc));
     s->loop_ready = true;
-    if ((rc = uv_poll_init(&s->loop, &s->zpoll, fd)) != 0 ||
-        (rc = uv_timer_init(&s->loop, &s->tick)) != 0 ||
-        (rc = uv_timer_init(&s->loop, &s->rendezvous)) != 0 ||
+    ts_proto_limits lim;
+    ts_proto_limits_default(&lim);
+    lim.max_frames = 4;
+    lim.max_payload_bytes = SCHED_MAX_PAYLOAD;
+    lim.job = NULL;      /* job and generation are checked per sender in admissible() */
+    lim.generation = 0;
+    ts_status st = ts_zloop_init(&s->zloop, &s->loop, s->sock, &lim, tick_period(&s->cfg),
+                                 on_message, on_tick, s);
+    if (st != TS_OK)
+        return st;
+    if ((rc = uv_timer_init(&s->loop, &s->rendezvous)) != 0 ||
         (rc = uv_signal_init(&s->loop, &s->sigint)) != 0 ||
         (rc = uv_signal_init(&s->loop, &s->sigterm)) != 0)
         return ts_error(TS_ERR_IO, "scheduler: libuv handle init: %s", uv_strerror(rc));
-    s->zpoll.data = s->tick.data = s->rendezvous.data = s;
-    s->sigint.data = s->sigterm.data = s;
+    s->rendezvous.data = s->sigint.data = s->sigterm.data = s;
     return TS_OK;
 }
 
@@ -361,13 +270,6 @@ ts_sched *ts_sched_create(const ts_sched_config *cfg)
     }
     s->cfg = *cfg;
     s->next_rank = 0;
-    ts_proto_rx_init(&s->rx);
-    ts_proto_limits_default(&s->limits);
-    s->limits.max_frames = 4;
-    s->limits.max_payload_bytes = SCHED_MAX_PAYLOAD;
-    /* job and generation are checked per sender in admissible() */
-    s->limits.job = NULL;
-    s->limits.generation = 0;
     if (init_socket(s) != TS_OK || init_loop(s) != TS_OK) {
         ts_status st = ts_last_status();
         char msg[1024];
@@ -381,16 +283,8 @@ ts_sched *ts_sched_create(const ts_sched_config *cfg)
 
 int ts_sched_run(ts_sched *s)
 {
-    s->started_ms = sched_now_ms();
-    uint64_t period = (uint64_t)s->cfg.heartbeat_timeout_ms / 4;
-    if (period > (uint64_t)s->cfg.heartbeat_ms)
-        period = (uint64_t)s->cfg.heartbeat_ms;
-    if (period < 5)
-        period = 5;
-    if (period > 250)
-        period = 250;
-    uv_poll_start(&s->zpoll, UV_READABLE, on_zmq);
-    uv_timer_start(&s->tick, on_tick, period, period);
+    ts_zloop_start(&s->zloop);
+    s->started_ms = sched_now_ms(s);
     uv_timer_start(&s->rendezvous, on_rendezvous_timer, (uint64_t)s->cfg.rendezvous_timeout_ms / 2, 0);
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
@@ -400,7 +294,6 @@ int ts_sched_run(ts_sched *s)
                  s->cfg.job, s->endpoint, s->cfg.servers, s->cfg.min_workers,
                  s->cfg.max_workers, s->cfg.heartbeat_ms, s->cfg.heartbeat_timeout_ms,
                  s->cfg.barrier_timeout_ms, s->cfg.steps);
-    drain(s);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     return s->exit_code;
 }
@@ -410,14 +303,14 @@ void ts_sched_destroy(ts_sched *s)
     if (!s)
         return;
     if (s->loop_ready) {
-        if (!s->stopping)
-            uv_walk(&s->loop, close_handle, NULL);
+        ts_zloop_stop(&s->zloop);
+        sched_barriers_free(s);
+        uv_walk(&s->loop, close_handle, NULL);
         uv_run(&s->loop, UV_RUN_DEFAULT);
         uv_loop_close(&s->loop);
     }
-    sched_barriers_free(s);
+    ts_zloop_free(&s->zloop);
     sched_blobs_free(s);
-    ts_proto_rx_release(&s->rx);
     if (s->sock)
         zmq_close(s->sock);
     ts_secure_zap_stop(s->zap);
