@@ -330,6 +330,53 @@ static void test_stopped_worker(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Pid of the scheduler tessera-run started ("[run] scheduler is pid P"). */
+static pid_t scheduler_pid(const th_proc *run) {
+    char *text = th_output(run);
+    const char *s = strstr(text, "[run] scheduler is pid ");
+    pid_t pid = s ? (pid_t)atoi(s + strlen("[run] scheduler is pid ")) : -1;
+    free(text);
+    return pid;
+}
+
+/* The scheduler stopped (SIGSTOP) for stall_ms, heartbeat timeout 2 s, while
+ * every node keeps heartbeating, then continued: it reads the queued
+ * heartbeats before judging anyone and does not count its own stall, so
+ * nobody is declared dead and the job finishes. */
+static void stall_scheduler(const char *name, int servers, int workers, int stall_ms) {
+    char extra[160], run_dir[64];
+    snprintf(extra, sizeof extra, "\"heartbeat_timeout_ms\": 2000, \"barrier_timeout_ms\": %d",
+             stall_ms + 8000);
+    const char *job = job_file(name, 100, workers, servers, 20, extra);
+    snprintf(run_dir, sizeof run_dir, "run-%s", name);
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path(run_dir), NULL};
+    th_proc run = th_start(name, argv);
+    expect_output(&run, "] step 5 ", 15000);
+    pid_t sched = scheduler_pid(&run);
+    assert_true(sched > 0);
+    kill(sched, SIGSTOP);
+    usleep((useconds_t)stall_ms * 1000);
+    kill(sched, SIGCONT);
+    int rc = th_wait(&run, 60000);
+    if (rc != 0) dump(&run, "tessera-run did not exit 0 after the scheduler stall");
+    if (th_count(&run, "declared dead") != 0) dump(&run, "a member was declared dead");
+    char needle[64];
+    snprintf(needle, sizeof needle, "] step 100 world %d ", workers);
+    if (th_count(&run, needle) != workers) dump(&run, "not every worker finished in the same world");
+    assert_int_equal(th_leftovers(), 0);
+}
+
+static void test_scheduler_stall(void **state) {
+    (void)state;
+    stall_scheduler("stall", 1, 3, 3000);
+}
+
+/* The same with 8 nodes and a 10 s stall. */
+static void test_scheduler_stall_8_nodes(void **state) {
+    (void)state;
+    stall_scheduler("stall8", 2, 6, 10000);
+}
+
 /* (f) the same small job under mpirun, SPMD and MPMD forms. */
 static void test_mpirun(void **state) {
     (void)state;
@@ -373,7 +420,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_clean_run),     cmocka_unit_test(test_kill_worker),
         cmocka_unit_test(test_restart_worker), cmocka_unit_test(test_join),
         cmocka_unit_test(test_key_required),  cmocka_unit_test(test_launcher_killed),
-        cmocka_unit_test(test_stopped_worker),
+        cmocka_unit_test(test_stopped_worker), cmocka_unit_test(test_scheduler_stall),
+        cmocka_unit_test(test_scheduler_stall_8_nodes),
         cmocka_unit_test(test_mpirun),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
