@@ -300,14 +300,21 @@ static void send_stamped(ts_member *m, const outmsg *o)
     }
 }
 
+/* What a member receives from the scheduler: at most 4 payload frames and
+ * 1 MiB of payload (blobs); job = NULL accepts any job id. */
+static void member_limits(ts_proto_limits *lim, const char *job)
+{
+    ts_proto_limits_default(lim);
+    lim->job = job;
+    lim->max_frames = 4;
+    lim->max_payload_bytes = 1u << 20;
+}
+
 static void *io_main(void *arg)
 {
     ts_member *m = arg;
     ts_proto_limits lim;
-    ts_proto_limits_default(&lim);
-    lim.job = m->job;
-    lim.max_frames = 4;
-    lim.max_payload_bytes = 1u << 20;
+    member_limits(&lim, m->job);
     ts_proto_rx rx;
     ts_proto_rx_init(&rx);
     uint64_t next_beat = now_ms();
@@ -430,9 +437,10 @@ static ts_status load_keys(const char *key_file, ts_secure_keys *keys, const cha
     return ts_secure_load(path, keys);
 }
 
-/* A CURVE client DEALER connected to endpoint, with a random identity. */
-static void *client_socket(void *ctx, const ts_secure_keys *keys, const char *endpoint,
-                           const char *what, void **mon)
+/* A CURVE client DEALER connected to endpoint, with a random identity and
+ * bounded by lim (ts_proto_limit_socket). */
+static void *client_socket(void *ctx, const ts_secure_keys *keys, const ts_proto_limits *lim,
+                           const char *endpoint, const char *what, void **mon)
 {
     void *sock = zmq_socket(ctx, ZMQ_DEALER);
     if (!sock) {
@@ -448,7 +456,7 @@ static void *client_socket(void *ctx, const ts_secure_keys *keys, const char *en
     int linger = 500;
     zmq_setsockopt(sock, ZMQ_ROUTING_ID, id, sizeof id);
     zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
-    if (ts_secure_client(sock, keys) != TS_OK) {
+    if (ts_secure_client(sock, keys) != TS_OK || ts_proto_limit_socket(sock, lim) != TS_OK) {
         zmq_close(sock);
         return NULL;
     }
@@ -540,7 +548,9 @@ ts_status ts_member_join(const ts_member_options *opt, ts_member **out)
         st = ts_error(TS_ERR_IO, "join: zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
         goto fail;
     }
-    if (!(m->sock = client_socket(m->ctx, &keys, m->endpoint, "join", &m->mon))) {
+    ts_proto_limits lim;
+    member_limits(&lim, m->job);
+    if (!(m->sock = client_socket(m->ctx, &keys, &lim, m->endpoint, "join", &m->mon))) {
         st = ts_last_status();
         goto fail;
     }
@@ -794,7 +804,10 @@ ts_status ts_member_status_query(const char *scheduler, const char *key_file, in
     void *ctx = zmq_ctx_new();
     if (!ctx)
         return ts_error(TS_ERR_IO, "status: zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
-    void *sock = client_socket(ctx, &keys, scheduler, "status", NULL);
+    ts_proto_limits lim;
+    member_limits(&lim, NULL);
+    lim.max_frames = 0; /* STATUS_REPLY is a header only */
+    void *sock = client_socket(ctx, &keys, &lim, scheduler, "status", NULL);
     if (!sock) {
         st = ts_last_status();
         zmq_ctx_term(ctx);
@@ -807,8 +820,6 @@ ts_status ts_member_status_query(const char *scheduler, const char *key_file, in
     ts_proto_msg_init(&q, TS_MSG_STATUS, "", 0, TS_PROTO_RANK_NONE);
     st = ts_proto_send(sock, NULL, &q, NULL, 0, 0);
     ts_proto_msg_free(&q);
-    ts_proto_limits lim;
-    ts_proto_limits_default(&lim);
     ts_proto_rx rx;
     ts_proto_rx_init(&rx);
     uint64_t deadline = now_ms() + (uint64_t)timeout_ms;

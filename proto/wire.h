@@ -320,6 +320,27 @@ ts_status ts_proto_send_error(void *sock, const ts_proto_identity *to, const cha
 ts_proto_error ts_proto_recv(void *sock, const ts_proto_limits *lim, int flags,
                              ts_proto_rx *rx);
 
+/* Bytes a frame may carry beyond its content on the wire: the CURVE MESSAGE
+ * command around it (name, nonce, MAC, flags), rounded up. */
+#define TS_PROTO_FRAME_OVERHEAD 256u
+/* A connection that has not finished its CURVE handshake by then is dropped. */
+#define TS_PROTO_HANDSHAKE_MS 10000
+
+/* Bounds what a peer can make sock hold, from the limits its receiver
+ * applies. Every socket that receives Tessera messages calls it, before
+ * bind/connect, with the limits it passes to ts_proto_recv (a shard with
+ * its largest range, a ring with its largest chunk):
+ * - ZMQ_MAXMSGSIZE = the largest frame lim allows (the header limit or the
+ *   payload limit, whichever is larger, with max_frames 0 the header limit)
+ *   plus TS_PROTO_FRAME_OVERHEAD. A peer whose frame declares more is
+ *   disconnected at the frame's size field, before its bytes are buffered;
+ *   this holds for the frames of the CURVE handshake too, i.e. before the
+ *   peer has authenticated.
+ * - ZMQ_HANDSHAKE_IVL = TS_PROTO_HANDSHAKE_MS.
+ * So a connection without the key holds at most one such frame, for at most
+ * TS_PROTO_HANDSHAKE_MS. TS_ERR_IO naming the option when libzmq refuses. */
+ts_status ts_proto_limit_socket(void *sock, const ts_proto_limits *lim);
+
 /* Empties an rx (zero state). */
 void ts_proto_rx_init(ts_proto_rx *rx);
 /* Releases the frames, arrays and message an rx holds; it is empty and

@@ -8,6 +8,7 @@
 #include "proto/wire.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,6 +111,22 @@ ts_status ts_proto_send_error(void *sock, const ts_proto_identity *to, const cha
     ts_proto_msg m;
     ts_proto_msg_error(&m, job, generation, rank, code, reason);
     return ts_proto_send(sock, to, &m, NULL, 0, 0);
+}
+
+ts_status ts_proto_limit_socket(void *sock, const ts_proto_limits *lim) {
+    uint64_t frame = lim->max_header_bytes;
+    if (lim->max_frames > 0 && lim->max_payload_bytes > frame) frame = lim->max_payload_bytes;
+    int64_t max = frame > (uint64_t)INT64_MAX - TS_PROTO_FRAME_OVERHEAD
+                      ? INT64_MAX
+                      : (int64_t)(frame + TS_PROTO_FRAME_OVERHEAD);
+    int handshake = TS_PROTO_HANDSHAKE_MS;
+    if (zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max, sizeof max) != 0)
+        return ts_error(TS_ERR_IO, "proto: ZMQ_MAXMSGSIZE %lld: %s", (long long)max,
+                        zmq_strerror(zmq_errno()));
+    if (zmq_setsockopt(sock, ZMQ_HANDSHAKE_IVL, &handshake, sizeof handshake) != 0)
+        return ts_error(TS_ERR_IO, "proto: ZMQ_HANDSHAKE_IVL %d: %s", handshake,
+                        zmq_strerror(zmq_errno()));
+    return TS_OK;
 }
 
 void ts_proto_rx_init(ts_proto_rx *rx) { memset(rx, 0, sizeof *rx); }

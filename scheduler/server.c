@@ -19,6 +19,18 @@
 /* Largest payload the scheduler accepts (blobs are small). */
 #define SCHED_MAX_PAYLOAD (1u << 20)
 
+/* What the scheduler receives: node messages with at most 4 payload frames
+ * and 1 MiB of payload; job and generation are checked per sender in
+ * admissible(). */
+static void sched_limits(ts_proto_limits *lim)
+{
+    ts_proto_limits_default(lim);
+    lim->max_frames = 4;
+    lim->max_payload_bytes = SCHED_MAX_PAYLOAD;
+    lim->job = NULL;
+    lim->generation = 0;
+}
+
 /* STATUS -> STATUS_REPLY with every node, the phase and the settings. */
 static void reply_status(ts_sched *s, const ts_proto_identity *to)
 {
@@ -213,7 +225,10 @@ static ts_status init_socket(ts_sched *s)
     int one = 1, linger = 1000;
     zmq_setsockopt(s->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
     zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger);
-    if ((st = ts_secure_server(s->sock, &s->keys)) != TS_OK)
+    ts_proto_limits lim;
+    sched_limits(&lim);
+    if ((st = ts_secure_server(s->sock, &s->keys)) != TS_OK ||
+        (st = ts_proto_limit_socket(s->sock, &lim)) != TS_OK)
         return st;
     if (zmq_bind(s->sock, s->cfg.bind) != 0)
         return ts_error(TS_ERR_IO, "scheduler: cannot bind %s: %s", s->cfg.bind,
@@ -244,11 +259,7 @@ static ts_status init_loop(ts_sched *s)
         return ts_error(TS_ERR_IO, "scheduler: uv_loop_init: %s", uv_strerror(rc));
     s->loop_ready = true;
     ts_proto_limits lim;
-    ts_proto_limits_default(&lim);
-    lim.max_frames = 4;
-    lim.max_payload_bytes = SCHED_MAX_PAYLOAD;
-    lim.job = NULL;      /* job and generation are checked per sender in admissible() */
-    lim.generation = 0;
+    sched_limits(&lim);
     ts_status st = ts_zloop_init(&s->zloop, &s->loop, s->sock, &lim, tick_period(&s->cfg),
                                  on_message, on_tick, s);
     if (st != TS_OK)
