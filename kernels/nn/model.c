@@ -111,6 +111,15 @@ static ts_status init_param(ts_param *p, ts_key key) {
     return TS_OK;
 }
 
+/* A parameter's own key: key folded with a hash (FNV-1a) of its name, so
+ * that a model built for a slice of the units initialises each parameter
+ * exactly as the whole model does. */
+static ts_key param_key(ts_key key, const char *name) {
+    uint64_t h = 14695981039346656037ULL;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++) h = (h ^ *c) * 1099511628211ULL;
+    return ts_key_fold_in(key, h);
+}
+
 ts_status ts_model_finalize(ts_model *m, ts_key key) {
     if (m->finalized) return ts_error(TS_ERR_STATE, "model: finalize called twice");
     int64_t n = m->numel ? m->numel : 1;
@@ -129,7 +138,7 @@ ts_status ts_model_finalize(ts_model *m, ts_key key) {
         }
         p->value->requires_grad = true;
         p->value->grad = g;
-        ts_status st = init_param(p, ts_key_split(key, (uint64_t)i));
+        ts_status st = init_param(p, param_key(key, p->name));
         if (st) return st;
     }
     m->finalized = true;

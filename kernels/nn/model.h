@@ -9,8 +9,9 @@
  *
  * Life cycle: ts_model_new(); modules register parameters while being built
  * (ts_model_add_param); ts_model_finalize(model, key) allocates the buffers,
- * makes the views and initialises every parameter from key (parameter i uses
- * ts_key_split(key, i)), so the same seed builds the same model everywhere.
+ * makes the views and initialises every parameter from key folded with its
+ * name, so the same seed builds the same model everywhere, and a model of a
+ * slice of the units (a pipeline stage) holds the same values as the whole.
  *
  * Mixed precision (ts_model_set_compute_dtype(m, TS_BF16)): the model gains
  * a second pair of flat buffers with the same layout in real 2-byte bf16,

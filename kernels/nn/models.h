@@ -31,7 +31,8 @@ typedef struct {
 /* Checks the spec and returns its number of units (or -1). */
 int ts_model_units(const ts_model_spec *s);
 
-/* Builds units [first, end) (end = -1: all) and finalizes with key. */
+/* Builds units [first, end) (end = -1: all) and finalizes with key; each
+ * parameter gets the value it has in the whole model built with key. */
 ts_model *ts_model_build(const ts_model_spec *s, int first, int end, ts_key key, ts_dtype dtype);
 
 /* Splits whole into n parts at the given unit boundaries (n - 1 increasing

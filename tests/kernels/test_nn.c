@@ -11,6 +11,7 @@
 #include "kernels/nn/models.h"
 #include "kernels/nn/module.h"
 #include "kernels/ops/loss.h"
+#include "kernels/ops/reduce.h"
 #include "kernels/ops/view.h"
 #include "../test_util.h"
 
@@ -110,6 +111,61 @@ static void test_split_matches_whole(void **state) {
     ts_model_free(whole);
 }
 
+/* A model built for a run of units from the seed holds the whole model's
+ * values for them, and computes that part of the whole's forward and
+ * backward: the same outputs, and the same gradients for its parameters
+ * and for its input. */
+static void test_slice_built_from_seed(void **state) {
+    (void)state;
+    ts_model_spec s = tiny_gpt(false);
+    ts_key key = ts_key_from_seed(11);
+    ts_model *whole = ts_model_build(&s, 0, -1, key, TS_F32);
+    ts_model *head = ts_model_build(&s, 0, 2, key, TS_F32), *tail = ts_model_build(&s, 2, -1, key, TS_F32);
+    assert_non_null(whole);
+    assert_non_null(head);
+    assert_non_null(tail);
+    ts_model *parts[2] = {head, tail};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < parts[k]->n_params; i++) {
+            const ts_param *p = &parts[k]->params[i];
+            int w = ts_model_find(whole, p->name);
+            assert_true(w >= 0);
+            assert_memory_equal(ts_tensor_data(p->value), ts_tensor_data(whole->params[w].value),
+                                (size_t)p->numel * sizeof(float));
+        }
+    /* forward and backward of the whole, and of head then tail through a
+     * leaf that stands for the activation between them */
+    ts_tensor *idx = token_ids(2, 8, 32);
+    ts_tensor *y = ts_model_forward(whole, idx);
+    ts_tensor *yl = ts_sum_all(y);
+    assert_int_equal(ts_backward(yl, NULL), TS_OK);
+    ts_tensor *h = ts_model_forward(head, idx);
+    ts_tensor *hl = ts_tensor_alias(h);
+    hl->requires_grad = true;
+    ts_tensor *y2 = ts_model_forward(tail, hl);
+    ts_tensor *y2l = ts_sum_all(y2);
+    assert_int_equal(ts_backward(y2l, NULL), TS_OK);
+    assert_int_equal(ts_backward(h, hl->grad), TS_OK);
+    for (int64_t i = 0; i < ts_tensor_numel(y); i++) assert_true(ts_tensor_get(y, i) == ts_tensor_get(y2, i));
+    /* the tied embedding gets gradients in both parts; their sum is the whole's */
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < parts[k]->n_params; i++) {
+            const ts_param *p = &parts[k]->params[i];
+            const ts_param *q = &whole->params[ts_model_find(whole, p->name)];
+            bool tied = strcmp(p->name, "wte.weight") == 0;
+            for (int64_t e = 0; e < p->numel; e++) {
+                double g = ts_tensor_get(p->value->grad, e), want = ts_tensor_get(q->value->grad, e);
+                if (tied) g += ts_tensor_get(parts[1 - k]->params[ts_model_find(parts[1 - k], p->name)].value->grad, e);
+                assert_true(fabs(g - want) <= 1e-5 * (1 + fabs(want)));
+            }
+        }
+    ts_tensor *all[] = {idx, y, yl, h, hl, y2, y2l};
+    for (int i = 0; i < 7; i++) ts_tensor_release(all[i]);
+    ts_model_free(whole);
+    ts_model_free(head);
+    ts_model_free(tail);
+}
+
 static int hook_calls[4];
 
 static ts_status count_hook(ts_module *m, ts_tensor *t, void *ctx) {
@@ -207,6 +263,7 @@ int main(void) {
         cmocka_unit_test(test_gpt_names_grads_and_summary),
         cmocka_unit_test(test_checkpointing_gives_same_gradients),
         cmocka_unit_test(test_split_matches_whole),
+        cmocka_unit_test(test_slice_built_from_seed),
         cmocka_unit_test(test_hooks_fire),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_gradcheck_block),
