@@ -10,7 +10,7 @@
  * machine hits both alike. Times are medians of the repetitions after
  * warm-up; the ratio is Tessera / PyTorch (< 1: Tessera faster). Like
  * tessera-run, the bench first makes idle OpenMP and OpenBLAS workers
- * sleep (ts_launch_passive_threads); the PyTorch server inherits it.
+ * sleep (ts_threads_passive); the PyTorch server inherits it.
  *
  * usage: bench_kernels [--reps N] [--warmup N] [--threads 1,2] [--cases matmul,layernorm,attention]
  */
@@ -31,7 +31,6 @@
 #include "kernels/ops/view.h"
 #include "kernels/tensor.h"
 #include "kernels/threads.h"
-#include "launch/train.h"
 
 #define SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
 #define MAX_REPS 64
@@ -195,7 +194,7 @@ static bench_case cases[] = {
 };
 
 int main(int argc, char **argv) {
-    ts_launch_passive_threads(argv);
+    ts_threads_passive(argv);
     int reps = 7, warmup = 2;
     const char *threads = "1,2", *want = "matmul,layernorm,attention";
     for (int i = 1; i < argc; i++) {

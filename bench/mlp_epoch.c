@@ -15,7 +15,7 @@
  *
  * Like tessera-run, the bench first makes idle OpenMP and OpenBLAS workers sleep
  * (OMP_WAIT_POLICY=passive and OPENBLAS_THREAD_TIMEOUT=4, see
- * ts_launch_passive_threads); both children
+ * ts_threads_passive); both children
  * inherit it, PyTorch included (it uses the same libgomp and OpenBLAS).
  *
  * Each (framework, threads) repetition is a fresh process started by this
@@ -34,7 +34,6 @@
 
 #include "bench_util.h"
 #include "kernels/threads.h"
-#include "launch/train.h"
 #include "worker/trainer.h"
 
 enum { WARMUP_STEPS = 5, MAX_REPS = 15 };
@@ -51,7 +50,7 @@ static int run_one(int threads, result *r) {
     snprintf(path, sizeof path, "%s/examples/mlp_fashion.json", TESSERA_SOURCE_DIR);
     ts_job job;
     double t0 = bench_now_ms();
-    ts_trainer *t = ts_job_load(path, NULL, 0, &job) ? NULL : ts_trainer_create(&job, "{}", NULL, false);
+    ts_trainer *t = ts_job_load(path, NULL, 0, &job) ? NULL : ts_trainer_create(&job, "{}", NULL, false, ts_strategy_local_new(NULL));
     if (!t) {
         fprintf(stderr, "mlp_epoch: %s\n", ts_last_error());
         return 1;
@@ -86,7 +85,7 @@ static int parse_result(const char *line, void *out) {
 static int run_child(const char *cmd, result *r) { return bench_run_child("mlp_epoch", cmd, parse_result, r); }
 
 int main(int argc, char **argv) {
-    ts_launch_passive_threads(argv); /* as tessera-run does; inherited by both children */
+    ts_threads_passive(argv); /* as tessera-run does; inherited by both children */
     int reps = 3, threads[8] = {1, 2}, n_threads = 2;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--one") && i + 1 < argc) {

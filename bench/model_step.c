@@ -21,7 +21,7 @@
  * Time: median of the steps after warm-up. Ratio = Tessera / PyTorch.
  * Both children run with OMP_WAIT_POLICY=passive and
  * OPENBLAS_THREAD_TIMEOUT=4, as tessera-run starts its processes (see
- * ts_launch_passive_threads): idle workers of either pool then sleep
+ * ts_threads_passive): idle workers of either pool then sleep
  * instead of spinning on the cores the other pool's threads need.
  *
  * Usage: bench_model_step [--steps N] [--warmup N]

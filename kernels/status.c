@@ -3,15 +3,18 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char last_message[1024];
 static _Thread_local ts_status last_code = TS_OK;
 
 ts_status ts_error(ts_status code, const char *fmt, ...) {
+    char text[sizeof last_message]; /* the arguments may include ts_last_error() */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_message, sizeof last_message, fmt, ap);
+    vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
+    memcpy(last_message, text, sizeof text);
     last_code = code;
     return code;
 }

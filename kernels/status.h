@@ -25,7 +25,8 @@ typedef enum {
     TS_ERR_PEER,        /* a remote node failed or refused */
 } ts_status;
 
-/* Records a printf-style message for the calling thread and returns code. */
+/* Records a printf-style message for the calling thread and returns code.
+ * The arguments may include ts_last_error(), to wrap the last message. */
 ts_status ts_error(ts_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

@@ -3,6 +3,7 @@
 
 #include <omp.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -43,3 +44,12 @@ int ts_threads_get(void) {
 const char *ts_threads_blas_config(void) { return openblas_get_config(); }
 
 int ts_threads_blas_threads(void) { return openblas_get_num_threads(); }
+
+void ts_threads_passive(char **argv) {
+    bool omp = !getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT"), blas = !getenv("OPENBLAS_THREAD_TIMEOUT");
+    if (!omp && !blas) return;
+    if (omp && setenv("OMP_WAIT_POLICY", "passive", 1)) return;
+    if (blas && setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1)) return;
+    execv("/proc/self/exe", argv);
+    /* exec failed: carry on with the libraries' default policies */
+}

@@ -22,4 +22,18 @@ int ts_threads_get(void);
 const char *ts_threads_blas_config(void);
 int ts_threads_blas_threads(void);
 
+/* Idle worker threads of both thread pools busy-wait by default and then
+ * starve the other pool's threads on a machine with few cores: libgomp's
+ * spin (pause, no yield) for milliseconds after each parallel region (an
+ * MLP epoch at 2 threads on 2 cores ran 2-5x slower than at 1 thread), and
+ * OpenBLAS's sched_yield loop after each GEMM (a CNN step at 2 threads
+ * took 8.8 instead of 5.6 ms in half the runs). Both libraries read their
+ * settings only when loaded, so when the user has set neither
+ * OMP_WAIT_POLICY / GOMP_SPINCOUNT nor OPENBLAS_THREAD_TIMEOUT this sets
+ * the missing ones (OMP_WAIT_POLICY=passive, OPENBLAS_THREAD_TIMEOUT=4:
+ * sleep after 2^4 cycles) and re-executes the program (same pid, same
+ * argv); it returns when the user chose both or the exec failed. Called first
+ * thing in main() by every program that computes. */
+void ts_threads_passive(char **argv);
+
 #endif

@@ -128,6 +128,8 @@ static void spawn_node(cluster *cl, slot *sl) {
     ts_argv a = {0};
     ts_cluster_node_args(&a, cl->addr, cl->key_file, cl->job_path,
                          cl->o->sets, cl->o->nsets);
+    ts_argv_push(&a, "--run-dir");
+    ts_argv_push(&a, cl->run_dir);
     if (sl->rank >= 0) ts_argv_pushf(&a, "--rank=%d", sl->rank);
     ts_child *c = NULL;
     if (ts_argv_ok(&a)) {

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/threads.h"
 #include "launch/argv.h"
 #include "launch/cluster.h"
 #include "launch/launch.h"
@@ -195,7 +196,7 @@ static int run_join(const cli *c) {
 }
 
 int main(int argc, char **argv) {
-    ts_launch_passive_threads(argv);
+    ts_threads_passive(argv);
     if (argc >= 2 && strcmp(argv[1], "--exec-child") == 0)
         return ts_super_exec_child(argc, argv);
     setvbuf(stdout, NULL, _IOLBF, 0);

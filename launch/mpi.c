@@ -4,9 +4,10 @@
  * the roles are gathered so each process knows the layout, the scheduler's
  * process generates the job key, starts the scheduler in-process and
  * broadcasts its endpoint and the key file bytes; the others write the key
- * to a 0600 file in a private temporary folder. MPI is finalised before the
- * node runs (ZeroMQ carries the job's traffic), and the node then runs in
- * this process: ts_sched_run, ts_ps_standin_run or ts_worker_standin_run.
+ * to a 0600 file in a private temporary folder. The node then runs in this
+ * process (ts_sched_run, ts_ps_standin_run or ts_worker_run) with MPI
+ * initialised, so that its strategy can use MPI, and MPI is finalised after
+ * it returns.
  */
 #include "launch/launch.h"
 
@@ -26,7 +27,7 @@
 #include "proto/wire.h"
 #include "proto/secure.h"
 #include "scheduler/sched.h"
-#include "worker/standin.h"
+#include "worker/node.h"
 
 enum { KEY_FILE_MAX = 4096 };
 
@@ -91,7 +92,8 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
                 o->job_path, ts_job_strategy_name(o->job.parallel.strategy));
         return 2;
     }
-    MPI_Init(&argc, &argv);
+    int threads; /* a strategy may call MPI from its communication thread */
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &threads);
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -192,7 +194,6 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
                             "under %s: %s\n", rank, dir, strerror(errno));
     }
     free(key);
-    MPI_Finalize();
 
     int code = 1;
     if (rank == root) {
@@ -201,12 +202,17 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
     } else if (wrote && mine == TS_ROLE_PS) {
         code = ts_ps_standin_run(endpoint, key_path, &job, -1);
     } else if (wrote) {
-        code = ts_worker_standin_run(endpoint, key_path, &job, -1);
+        char run_dir[TS_JOB_PATH_MAX + 16];
+        ts_worker_run_dir(&job, NULL, run_dir, sizeof run_dir);
+        ts_worker_options wo = {.job = &job, .scheduler = endpoint, .key_file = key_path, .rank = -1,
+                                .run_dir = run_dir, .prog = "tessera-run --mpi"};
+        code = ts_worker_run(&wo);
     }
     if (made_dir) {
         unlink(key_path);
         rmdir(dir);
     }
+    MPI_Finalize();
     return code;
 }
 

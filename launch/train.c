@@ -12,61 +12,19 @@
 
 #include "kernels/io/checkpoint.h"
 #include "worker/generate.h"
+#include "worker/node.h"
 #include "worker/trainer.h"
 
-static volatile sig_atomic_t stop_requested;
-
-static void on_signal(int sig) {
-    (void)sig;
-    stop_requested = 1;
-}
-
-void ts_launch_passive_threads(char **argv) {
-    bool omp = !getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT"), blas = !getenv("OPENBLAS_THREAD_TIMEOUT");
-    if (!omp && !blas) return;
-    if (omp && setenv("OMP_WAIT_POLICY", "passive", 1)) return;
-    if (blas && setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1)) return;
-    execv("/proc/self/exe", argv);
-    /* exec failed: carry on with the libraries' default policies */
-}
-
-/* The job as complete JSON text (malloc'd), saved with every checkpoint. */
-static char *job_text(const ts_job *job) {
-    json_t *j = ts_job_to_json(job);
-    char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
-    json_decref(j);
-    return text;
-}
-
 int ts_launch_train(const ts_job *job, const char *run_dir, bool resume) {
-    char dir[1024];
-    if (run_dir) snprintf(dir, sizeof dir, "%s", run_dir);
-    else if (job->train.run_dir[0]) snprintf(dir, sizeof dir, "%s", job->train.run_dir);
-    else {
-        mkdir("runs", 0755);
-        snprintf(dir, sizeof dir, "runs/%s", job->name);
-    }
-    char *text = job_text(job);
-    ts_trainer *t = ts_trainer_create(job, text, dir, resume);
-    free(text);
-    if (!t) {
-        fprintf(stderr, "tessera-run: %s\n", ts_last_error());
-        return 1;
-    }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    ts_status st = ts_trainer_run(t, &stop_requested);
-    int code = 0;
-    if (st) {
-        fprintf(stderr, "tessera-run: %s\n", ts_last_error());
-        code = stop_requested ? 130 : 1;
-    } else {
+    char dir[TS_JOB_PATH_MAX + 16];
+    ts_worker_run_dir(job, run_dir, dir, sizeof dir);
+    ts_worker_options o = {.job = job, .rank = -1, .run_dir = dir, .resume = resume, .prog = "tessera-run"};
+    int code = ts_worker_run(&o);
+    if (code == 0) {
         char png[1200];
         if (ts_launch_plot(dir, png, sizeof png) == 0) printf("chart: %s\n", png);
         printf("run folder: %s\n", dir);
     }
-    ts_trainer_free(t);
     return code;
 }
 
@@ -84,7 +42,7 @@ static ts_trainer *trainer_from_checkpoint(const char *ckpt) {
     ts_trainer *t = NULL;
     if (!st) {
         job.data.prefetch = 0;
-        t = ts_trainer_create(&job, ck->config, NULL, false);
+        t = ts_trainer_create(&job, ck->config, NULL, false, ts_strategy_local_new(NULL));
     }
     ts_checkpoint_close(ck);
     if (t && ts_trainer_load(t, ckpt)) {

@@ -9,20 +9,6 @@
 
 #include "proto/job.h"
 
-/* Idle worker threads of both thread pools busy-wait by default and then
- * starve the other pool's threads on a machine with few cores: libgomp's
- * spin (pause, no yield) for milliseconds after each parallel region (an
- * MLP epoch at 2 threads on 2 cores ran 2-5x slower than at 1 thread), and
- * OpenBLAS's sched_yield loop after each GEMM (a CNN step at 2 threads
- * took 8.8 instead of 5.6 ms in half the runs). Both libraries read their
- * settings only when loaded, so when the user has set neither
- * OMP_WAIT_POLICY / GOMP_SPINCOUNT nor OPENBLAS_THREAD_TIMEOUT this sets
- * the missing ones (OMP_WAIT_POLICY=passive, OPENBLAS_THREAD_TIMEOUT=4:
- * sleep after 2^4 cycles) and re-executes the program (same pid, same
- * argv); it returns when the user chose both or the exec failed. Called
- * first thing in main(). */
-void ts_launch_passive_threads(char **argv);
-
 /* Trains job in this process with its run folder (run_dir NULL: the job's
  * train.run_dir, else runs/<name>), resuming from its newest checkpoint
  * when resume is set. SIGINT/SIGTERM stop after the current step with a

@@ -78,7 +78,6 @@ static const field parallel_fields[] = {
 };
 
 static const field standin_fields[] = {
-    INT_FIELD("size", standin.size, "4096", 1, 1 << 24),
     INT_FIELD("step_ms", standin.step_ms, "0", 0, 600000),
     {0},
 };
@@ -509,9 +508,10 @@ static ts_status copy_flag(char *dst, size_t cap, const char *flag,
     return TS_OK;
 }
 
-ts_status ts_job_node_args_parse(int argc, char **argv, ts_job_node_args *a) {
-    static const char *const flags[] = {"--scheduler", "--key-file", "--job",
-                                        "--set", "--rank", NULL};
+ts_status ts_job_node_args_parse(int argc, char **argv, bool need_scheduler, ts_job_node_args *a) {
+    static const char *const flags[] = {"--scheduler", "--key-file", "--job", "--set", "--rank", "--run-dir", NULL};
+    static const char usage[] = "[JOB.json | --job JOB.json] [--scheduler ADDR --key-file PATH] [--set k=v]... "
+                                "[--rank N] [--run-dir DIR] [--resume]";
     memset(a, 0, sizeof *a);
     a->rank = -1;
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
@@ -519,6 +519,14 @@ ts_status ts_job_node_args_parse(int argc, char **argv, ts_job_node_args *a) {
     int nsets = 0;
     ts_status st = TS_OK;
     for (int i = 1; i < argc && st == TS_OK; i++) {
+        if (strcmp(argv[i], "--resume") == 0) {
+            a->resume = true;
+            continue;
+        }
+        if (argv[i][0] != '-' && !a->job_path[0]) {
+            st = copy_flag(a->job_path, sizeof a->job_path, "job file", argv[i]);
+            continue;
+        }
         int f = 0;
         size_t n = 0;
         for (; flags[f]; f++) {
@@ -528,9 +536,7 @@ ts_status ts_job_node_args_parse(int argc, char **argv, ts_job_node_args *a) {
                 break;
         }
         if (!flags[f]) {
-            st = ts_error(TS_ERR_VALUE, "unknown argument %s (expected --scheduler "
-                          "ADDR --key-file PATH --job JOB.json [--set k=v]... "
-                          "[--rank N])", argv[i]);
+            st = ts_error(TS_ERR_VALUE, "unknown argument %s (expected %s)", argv[i], usage);
             break;
         }
         const char *v = argv[i][n] == '=' ? argv[i] + n + 1
@@ -546,6 +552,8 @@ ts_status ts_job_node_args_parse(int argc, char **argv, ts_job_node_args *a) {
             st = copy_flag(a->job_path, sizeof a->job_path, flags[f], v);
         } else if (f == 3) {
             sets[nsets++] = v;
+        } else if (f == 5) {
+            st = copy_flag(a->run_dir, sizeof a->run_dir, flags[f], v);
         } else {
             char *end;
             long r = strtol(v, &end, 10);
@@ -555,15 +563,15 @@ ts_status ts_job_node_args_parse(int argc, char **argv, ts_job_node_args *a) {
                 a->rank = (int)r;
         }
     }
-    if (st == TS_OK && !a->key_file[0] && getenv("TESSERA_KEY_FILE"))
+    if (st == TS_OK && a->scheduler[0] && !a->key_file[0] && getenv("TESSERA_KEY_FILE"))
         st = copy_flag(a->key_file, sizeof a->key_file, "TESSERA_KEY_FILE",
                        getenv("TESSERA_KEY_FILE"));
-    if (st == TS_OK && !a->scheduler[0])
+    if (st == TS_OK && need_scheduler && !a->scheduler[0])
         st = ts_error(TS_ERR_VALUE, "--scheduler ADDR is required");
-    if (st == TS_OK && !a->key_file[0])
-        st = ts_error(TS_ERR_VALUE, "--key-file PATH (or TESSERA_KEY_FILE) is required");
+    if (st == TS_OK && a->scheduler[0] && !a->key_file[0])
+        st = ts_error(TS_ERR_VALUE, "--key-file PATH (or TESSERA_KEY_FILE) is required with --scheduler");
     if (st == TS_OK && !a->job_path[0])
-        st = ts_error(TS_ERR_VALUE, "--job JOB.json is required");
+        st = ts_error(TS_ERR_VALUE, "no job file given (%s)", usage);
     if (st == TS_OK) st = ts_job_load(a->job_path, sets, nsets, &a->job);
     free(sets);
     return st;

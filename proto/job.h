@@ -15,6 +15,7 @@
 #define TS_JOB_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kernels/status.h"
@@ -22,7 +23,7 @@
 /* How a job runs; keep in the order of the names in job.c. */
 typedef enum {
     TS_STRATEGY_LOCAL = 0, /* training in one process (issue 4) */
-    TS_STRATEGY_STANDIN,   /* cluster stand-in loop: step-done + barrier */
+    TS_STRATEGY_STANDIN,   /* replicas in lock step: step-done + barrier */
 } ts_job_strategy;
 
 enum { TS_JOB_NAME_MAX = 64, TS_JOB_BIND_MAX = 256, TS_JOB_PATH_MAX = 1024 };
@@ -42,9 +43,9 @@ typedef struct {
     char key_file[TS_JOB_PATH_MAX];     /* "" = tessera-run generates one */
 } ts_job_parallel;
 
-/* The cluster stand-in loop of tessera-worker (strategy "standin"). */
+/* Strategy "standin" (worker/strategy_standin.c): workers train their own
+ * replicas in lock step, to exercise the cluster. */
 typedef struct {
-    int size;    /* random values each worker draws and reduces per step */
     int step_ms; /* shortest step: the worker sleeps the rest of it */
 } ts_job_standin;
 
@@ -140,19 +141,24 @@ ts_status ts_job_set(json_t *doc, const char *assignment);
 json_t *ts_job_to_json(const ts_job *job);
 
 /* Command line of a node process of the job (tessera-ps, tessera-worker):
- *   --scheduler ADDR --key-file PATH --job JOB.json [--set k=v]... [--rank N]
- * (flags also as --flag=value; the key file may come from TESSERA_KEY_FILE). */
+ *   [JOB.json | --job JOB.json] [--scheduler ADDR --key-file PATH]
+ *   [--set k=v]... [--rank N] [--run-dir DIR] [--resume]
+ * (flags also as --flag=value; the key file may come from TESSERA_KEY_FILE).
+ * Without --scheduler the node trains alone (strategy "local"). */
 typedef struct {
-    char scheduler[TS_JOB_BIND_MAX]; /* scheduler endpoint */
+    char scheduler[TS_JOB_BIND_MAX]; /* scheduler endpoint, "" = none */
     char key_file[TS_JOB_PATH_MAX];
     char job_path[TS_JOB_PATH_MAX];
+    char run_dir[TS_JOB_PATH_MAX];   /* "" = the job's train.run_dir or runs/<name> */
     int rank;                        /* rank asked for, -1 = any */
+    bool resume;                     /* continue from the newest checkpoint */
     ts_job job;                      /* job file with the overrides applied */
 } ts_job_node_args;
 
 /* Parses argv[1..argc-1] into *a and loads the job; an unknown flag, a
- * missing value or a missing required flag is an error naming it. */
-ts_status ts_job_node_args_parse(int argc, char **argv, ts_job_node_args *a);
+ * missing value or a missing required flag (--scheduler when
+ * need_scheduler) is an error naming it. */
+ts_status ts_job_node_args_parse(int argc, char **argv, bool need_scheduler, ts_job_node_args *a);
 
 /* Name of a strategy ("standin"). */
 const char *ts_job_strategy_name(ts_job_strategy s);

@@ -7,7 +7,7 @@
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     ts_job_node_args a;
-    if (ts_job_node_args_parse(argc, argv, &a) != TS_OK) {
+    if (ts_job_node_args_parse(argc, argv, true, &a) != TS_OK) {
         fprintf(stderr, "tessera-ps: %s\n", ts_last_error());
         return 2;
     }

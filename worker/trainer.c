@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #include "kernels/alloc.h"
+#include "kernels/clock.h"
 #include "kernels/autograd.h"
 #include "kernels/data/idx.h"
 #include "kernels/data/text.h"
@@ -18,12 +18,6 @@
 #include "kernels/ops/view.h"
 #include "kernels/optim/clip.h"
 #include "worker/metrics.h"
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 ts_status ts_trainer_spec(const ts_job *job, ts_model_spec *spec) {
     const ts_job_model *m = &job->model;
@@ -121,31 +115,16 @@ static ts_status setup_optimizer(ts_trainer *t) {
     return st;
 }
 
-ts_status ts_trainer_load(ts_trainer *t, const char *dir) {
-    ts_checkpoint *ck = ts_checkpoint_open(dir);
-    if (!ck) return ts_last_status();
-    ts_model *m = t->model;
-    const char **names = calloc((size_t)m->n_params, sizeof *names);
-    ts_tensor **values = calloc((size_t)m->n_params, sizeof *values);
-    ts_status st = names && values ? TS_OK : ts_error(TS_ERR_MEMORY, "trainer: out of memory");
-    for (int i = 0; !st && i < m->n_params; i++) {
-        names[i] = m->params[i].name;
-        values[i] = m->params[i].value;
-    }
-    if (!st) st = ts_safetensors_load_into(ck->model, m->n_params, names, values, true);
-    free(names);
-    free(values);
-    if (!st && m->n_state) {
-        ts_tensor *state = ts_model_state_tensor(m);
-        const char *sname = "state";
-        st = state ? ts_safetensors_load_into(ck->optim, 1, &sname, &state, true) : ts_last_status();
-        ts_tensor_release(state);
-    }
-    if (!st) st = ts_loader_set_position(t->loader, ck->loader);
-    if (!st) t->step = ck->step;
-    if (!st) st = ts_model_sync_compute(m); /* the bf16 copy follows the loaded master */
-    ts_checkpoint_close(ck);
-    return st;
+ts_status ts_trainer_load(ts_trainer *t, const char *dir) { return t->strategy->ops->load(t->strategy, dir); }
+
+/* The optimizer's slice over a model's whole flat buffers. */
+static ts_optim_slice whole_slice(ts_model *m) {
+    return (ts_optim_slice){.params = ts_f32(m->flat_params),
+                            .grads = ts_f32(m->flat_grads),
+                            .state = m->state,
+                            .stride = m->numel,
+                            .offset = 0,
+                            .len = m->numel};
 }
 
 /* mkdir -p path. */
@@ -165,34 +144,51 @@ static ts_status make_dirs(const char *path) {
     return TS_OK;
 }
 
-ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const char *run_dir, bool resume) {
+ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const char *run_dir, bool resume,
+                              ts_strategy *s) {
+    if (!s) return NULL; /* its constructor said why */
     ts_trainer *t = calloc(1, sizeof *t);
     if (!t) {
+        ts_strategy_free(s);
         ts_error(TS_ERR_MEMORY, "trainer: out of memory");
         return NULL;
     }
+    t->strategy = s;
+    s->trainer = t;
     t->job = *job;
     t->job_text = strdup(job_text ? job_text : "{}");
     snprintf(t->run_dir, sizeof t->run_dir, "%s", run_dir ? run_dir : "");
+    int first = 0, end = -1;
     ts_status st = ts_trainer_spec(job, &t->spec);
+    if (!st) st = s->ops->units(s, &t->spec, &first, &end);
     if (!st) st = job->data.kind == TS_JOB_FASHION_MNIST ? load_images(t) : load_text(t);
     if (!st) {
-        ts_loader_config lc = {job->train.batch_size, job->data.shuffle, (uint64_t)job->seed, true, 0, 1,
-                               job->data.prefetch};
+        ts_loader_config lc = {.batch_size = job->train.batch_size,
+                               .shuffle = job->data.shuffle,
+                               .seed = (uint64_t)job->seed,
+                               .drop_last = true,
+                               .rank = s->group.rank,
+                               .world = s->group.world,
+                               .prefetch = job->data.prefetch};
         t->loader = ts_loader_create(t->train_set, &lc);
         if (!t->loader) st = ts_last_status();
+        t->shard = s->group;
     }
     if (!st) {
         int64_t per_epoch = ts_loader_batches_per_epoch(t->loader) / job->train.accum_steps;
         t->total_steps = job->train.epochs > 0 ? job->train.epochs * per_epoch : job->steps;
-        if (t->total_steps < 1) st = ts_error(TS_ERR_VALUE, "steps: the job has no steps to run");
+        if (t->total_steps < 1 && s->member)
+            t->total_steps = INT64_MAX; /* a job of no set length runs until the scheduler ends it */
+        else if (t->total_steps < 1)
+            st = ts_error(TS_ERR_VALUE, "steps: the job has no steps to run");
     }
     if (!st) {
-        t->model = ts_model_build(&t->spec, 0, -1, ts_key_from_seed((uint64_t)job->seed), TS_F32);
+        t->model = ts_model_build(&t->spec, first, end, ts_key_from_seed((uint64_t)job->seed), TS_F32);
         if (!t->model) st = ts_last_status();
         else if (job->train.bf16) st = ts_model_set_compute_dtype(t->model, TS_BF16);
     }
     if (!st) st = setup_optimizer(t);
+    if (!st) t->whole = whole_slice(t->model);
     if (!st && run_dir) st = make_dirs(t->run_dir);
     if (!st && run_dir && resume) {
         char root[1100], dir[1200];
@@ -201,7 +197,8 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
         st = ts_checkpoint_latest(root, dir, sizeof dir, &step);
         if (!st && step >= 0) st = ts_trainer_load(t, dir);
     }
-    if (!st && run_dir) {
+    if (!st) st = s->ops->attach(s);
+    if (!st && run_dir && s->group.leader) {
         t->metrics = ts_metrics_open(t->run_dir, t->step > 0);
         if (!t->metrics) st = ts_last_status();
     }
@@ -223,6 +220,7 @@ void ts_trainer_free(ts_trainer *t) {
     ts_model_free(t->model);
     ts_optim_groups_free(&t->groups);
     if (t->metrics) fclose(t->metrics);
+    ts_strategy_free(t->strategy);
     free(t->job_text);
     free(t);
 }
@@ -281,37 +279,60 @@ ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples) {
         if (st) return st;
         *loss += l / k;
     }
-    return TS_OK;
+    return t->strategy->ops->grads_ready(t->strategy, 0, t->model->numel);
 }
 
 ts_status ts_trainer_apply(ts_trainer *t, double *lr, double *grad_norm) {
-    ts_model *m = t->model;
-    float *grads = ts_f32(m->flat_grads);
-    double norm = 0;
-    if (t->job.optimizer.clip_norm > 0) { /* clipping measures the norm itself */
-        ts_status st = ts_clip_grad_norm(grads, m->numel, t->job.optimizer.clip_norm, true, &norm);
-        if (st) return st;
-    } else {
-        norm = sqrt(ts_clip_sq_norm(grads, m->numel));
+    ts_strategy *s = t->strategy;
+    const ts_optim_slice *sl;
+    int n;
+    s->ops->slices(s, &sl, &n);
+    double sq = 0;
+    for (int i = 0; i < n; i++) sq += ts_clip_sq_norm(sl[i].grads, sl[i].len);
+    ts_status st = s->ops->reduce_sq_norm(s, sq, &sq);
+    if (st) return st;
+    *grad_norm = sqrt(sq);
+    double clip = t->job.optimizer.clip_norm;
+    if (clip > 0) {
+        if (!isfinite(*grad_norm))
+            return ts_error(TS_ERR_VALUE, "step %lld: the gradient norm is %g; optimizer.clip_norm cannot clip it",
+                            (long long)t->step + 1, *grad_norm);
+        float coef = (float)ts_clip_coef(*grad_norm, clip);
+        /* the slices' gradients are the strategy's own, writable memory; the
+         * optimizer's slice type only promises not to write them */
+        for (int i = 0; i < n; i++) ts_clip_scale((float *)sl[i].grads, sl[i].len, coef);
     }
-    *grad_norm = norm;
     *lr = ts_schedule_lr(&t->schedule, t->step);
-    ts_status st = ts_optim_step_flat(&t->optim, t->step + 1, *lr, &t->groups, ts_f32(m->flat_params), grads,
-                                      m->state, m->numel, 0, m->numel);
-    if (!st) st = ts_model_sync_compute(m);
+    for (int i = 0; !st && i < n; i++) st = ts_optim_step_range(&t->optim, t->step + 1, *lr, &t->groups, &sl[i]);
+    if (!st) st = ts_model_sync_compute(t->model);
     if (!st) t->step++;
     return st;
 }
 
+/* Follows the strategy's group: a new (rank, world) re-shards the loader
+ * at the same position of the epoch. */
+static ts_status follow_group(ts_trainer *t) {
+    const ts_group *g = &t->strategy->group;
+    if (g->rank == t->shard.rank && g->world == t->shard.world) return TS_OK;
+    ts_status st = ts_loader_reshard(t->loader, g->rank, g->world);
+    if (!st) t->shard = *g;
+    return st;
+}
+
 ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s) {
-    double t0 = now_ms();
+    ts_strategy *sg = t->strategy;
+    double t0 = ts_clock_ms();
     int64_t samples = 0;
     ts_alloc_reset_peak();
-    ts_status st = ts_trainer_grads(t, &s->loss, &samples);
+    ts_status st = sg->ops->begin_step(sg, t->step);
+    if (st || sg->finished) return st;
+    st = follow_group(t);
+    if (!st) st = sg->ops->grads(sg, &s->loss, &samples);
     if (!st) st = ts_trainer_apply(t, &s->lr, &s->grad_norm);
+    if (!st) st = sg->ops->end_step(sg, t->step);
     if (st) return st;
     s->step = t->step;
-    s->step_ms = now_ms() - t0;
+    s->step_ms = ts_clock_ms() - t0;
     s->samples_per_s = samples / (s->step_ms / 1e3);
     s->tokens_per_s = t->spec.arch == TS_ARCH_GPT ? s->samples_per_s * t->spec.gpt.block_size : 0;
     ts_alloc_stats a = ts_alloc_get_stats();
@@ -350,7 +371,7 @@ static ts_status eval_batch(ts_trainer *t, const ts_batch *b, double *loss_sum, 
 
 ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval_stats *e) {
     const ts_dataset *ds = test && t->test_set ? t->test_set : t->val_set;
-    ts_loader_config lc = {t->job.train.batch_size, false, 0, false, 0, 1, 0};
+    ts_loader_config lc = {.batch_size = t->job.train.batch_size, .world = 1};
     ts_loader *l = ts_loader_create(ds, &lc);
     if (!l) return ts_last_status();
     int64_t batches = ts_loader_batches_per_epoch(l);
@@ -360,100 +381,78 @@ ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval
     double loss_sum = 0;
     int64_t correct = 0, rows = 0, samples = 0;
     ts_status st = TS_OK;
+    /* the group's ranks take turns by batch, so together they score each
+     * sample once, in the same batches as one process would */
+    const ts_group *g = &t->strategy->group;
     for (int64_t i = 0; !st && i < batches; i++) {
         ts_batch b;
         st = ts_loader_next(l, &b);
-        if (!st) {
+        if (!st && i % g->world == g->rank) {
             samples += b.size;
             st = eval_batch(t, &b, &loss_sum, &correct, &rows);
-            ts_batch_release(&b);
         }
+        if (!st) ts_batch_release(&b);
     }
     ts_model_train(t->model, true);
     ts_grad_set_enabled(prev);
     ts_loader_free(l);
+    double sums[4] = {loss_sum, (double)correct, (double)rows, (double)samples};
+    if (!st) st = t->strategy->ops->reduce_sums(t->strategy, sums, 4);
     if (st) return st;
-    e->samples = samples;
-    e->predictions = rows;
-    e->loss = rows ? loss_sum / (double)rows : 0;
+    e->samples = (int64_t)sums[3];
+    e->predictions = (int64_t)sums[2];
+    e->loss = sums[2] ? sums[0] / sums[2] : 0;
     bool gpt = t->spec.arch == TS_ARCH_GPT;
-    e->accuracy = gpt ? -1 : (double)correct / (double)(rows ? rows : 1);
+    e->accuracy = gpt ? -1 : sums[1] / (sums[2] ? sums[2] : 1);
     e->bits_per_byte = gpt ? ts_text_bits_per_byte(e->loss) : -1;
     return TS_OK;
 }
 
 /* ---- checkpoints ---- */
 
-ts_status ts_trainer_save(ts_trainer *t, char *path, size_t cap) {
-    ts_model *m = t->model;
-    const char **names = calloc((size_t)m->n_params, sizeof *names);
-    ts_tensor **values = calloc((size_t)m->n_params, sizeof *values);
-    if (!names || !values) {
-        free(names);
-        free(values);
-        return ts_error(TS_ERR_MEMORY, "trainer: out of memory");
-    }
-    for (int i = 0; i < m->n_params; i++) {
-        names[i] = m->params[i].name;
-        values[i] = m->params[i].value;
-    }
-    ts_tensor *state = m->n_state ? ts_model_state_tensor(m) : NULL;
-    const char *sname = "state";
-    ts_checkpoint_data d = {
-        .step = t->step,
-        .n_model = m->n_params,
-        .model_names = names,
-        .model = values,
-        .n_optim = state ? 1 : 0,
-        .optim_names = &sname,
-        .optim = &state,
-        .loader = ts_loader_position(t->loader),
-        .config = t->job_text,
-    };
-    char root[1100];
-    snprintf(root, sizeof root, "%s/checkpoints", t->run_dir);
-    ts_status st = ts_checkpoint_save(root, &d, t->job.train.keep_checkpoints, path, cap);
-    ts_tensor_release(state);
-    free(names);
-    free(values);
-    return st;
-}
+ts_status ts_trainer_save(ts_trainer *t, char *path, size_t cap) { return t->strategy->ops->save(t->strategy, path, cap); }
 
 /* ---- the loop ---- */
 
-/* Validation pass with its log and metrics lines. */
+/* Validation pass with its log and metrics lines (the leader's). */
 static ts_status run_eval(ts_trainer *t, bool test) {
     ts_eval_stats e;
     ts_status st = ts_trainer_eval(t, test, test ? 0 : t->job.train.eval_batches, &e);
-    if (!st) ts_metrics_eval(t->metrics, t->step, test ? "test" : "val", &e);
+    if (!st && t->strategy->group.leader) ts_metrics_eval(t->metrics, t->step, test ? "test" : "val", &e);
     return st;
+}
+
+/* Whether the loop goes on: steps left, no stop asked, the job not ended. */
+static bool more_steps(const ts_trainer *t, volatile sig_atomic_t *stop) {
+    return t->step < t->total_steps && !(stop && *stop) && !t->strategy->finished;
 }
 
 ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop) {
     const ts_job_train *tr = &t->job.train;
-    ts_metrics_banner(t);
+    if (t->strategy->group.leader) ts_metrics_banner(t);
     ts_status st = TS_OK;
     char ckpt[1200] = "";
-    while (!st && t->step < t->total_steps && !(stop && *stop)) {
+    while (!st && more_steps(t, stop)) {
         ts_step_stats s;
+        int64_t before = t->step;
         st = ts_trainer_step(t, &s);
-        if (st) break;
-        if (t->step % tr->log_every == 0 || t->step == t->total_steps)
+        if (st || t->step == before) break; /* failed, or the job ended at begin_step */
+        if (t->strategy->group.leader && (t->step % tr->log_every == 0 || t->step == t->total_steps))
             ts_metrics_step(t->metrics, &s, t->total_steps);
         if (tr->eval_every && t->step % tr->eval_every == 0 && t->step < t->total_steps) st = run_eval(t, false);
         if (!st && tr->checkpoint_every && t->step % tr->checkpoint_every == 0)
             st = ts_trainer_save(t, ckpt, sizeof ckpt);
     }
-    ts_metrics_end_progress();
-    if (st) return st;
+    if (t->strategy->group.leader) ts_metrics_end_progress();
+    if (st || t->strategy->finished) return st;
     if (stop && *stop) {
         st = ts_trainer_save(t, ckpt, sizeof ckpt);
-        if (!st) printf("interrupted at step %lld; checkpoint %s\n", (long long)t->step, ckpt);
+        if (!st && ckpt[0]) printf("interrupted at step %lld; checkpoint %s\n", (long long)t->step, ckpt);
         return st ? st : ts_error(TS_ERR_STATE, "training interrupted at step %lld", (long long)t->step);
     }
     st = ts_trainer_save(t, ckpt, sizeof ckpt);
     if (!st) st = run_eval(t, false);
     if (!st && t->test_set) st = run_eval(t, true);
-    if (!st) printf("checkpoint: %s\n", ckpt);
+    if (!st && ckpt[0]) printf("checkpoint: %s\n", ckpt);
     return st;
 }

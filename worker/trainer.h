@@ -1,15 +1,14 @@
-/* trainer.h - the training loop of one process (strategy "local").
+/* trainer.h - the training loop of one process, whatever the strategy.
  *
  * A trainer owns what a job needs to train: the data sets and loader, the
- * model with its flat buffers, the optimizer config, groups and schedule,
- * and the run folder (metrics.jsonl, checkpoints/). Every step is
- * deterministic given the job: batches come from the seeded loader,
- * dropout keys are folded from the seed and the step, so a run resumed from
- * a checkpoint produces the same losses as one that never stopped.
- *
- * The distributed strategies reuse the pieces: ts_trainer_grads() computes
- * one step's gradients into the model's flat gradient buffer,
- * ts_trainer_apply() runs the optimizer kernel on it.
+ * model (the units its strategy builds) with its flat buffers, the
+ * optimizer config, groups and schedule, the strategy, and the run folder
+ * (metrics.jsonl, checkpoints/). It runs the loop, evaluation, checkpoints
+ * and metrics, and calls the strategy (strategy.h) where parallel training
+ * differs. Every step is deterministic given the job: batches come from the
+ * seeded loader sharded by the strategy's (rank, world), dropout keys are
+ * folded from the seed and the step, so a run resumed from a checkpoint
+ * produces the same losses as one that never stopped.
  */
 #ifndef TS_WORKER_TRAINER_H
 #define TS_WORKER_TRAINER_H
@@ -22,6 +21,7 @@
 #include "kernels/optim/optim.h"
 #include "kernels/optim/schedule.h"
 #include "proto/job.h"
+#include "worker/strategy.h"
 
 typedef struct {
     int64_t step;          /* optimizer steps taken after this one */
@@ -43,7 +43,7 @@ typedef struct {
     int64_t predictions;   /* targets scored: samples, or tokens for GPT */
 } ts_eval_stats;
 
-typedef struct ts_trainer {
+struct ts_trainer {
     ts_job job;
     char *job_text;        /* the job as JSON, saved with checkpoints */
     char run_dir[1024];
@@ -53,17 +53,23 @@ typedef struct ts_trainer {
     void *corpus;          /* text corpus the text data sets read */
     ts_tensor *data[6];    /* tensors the image data sets keep */
     ts_loader *loader;
+    ts_optim_slice whole;  /* the model's whole flat buffers as one slice */
     ts_optim_config optim;
     ts_optim_groups groups;
     ts_schedule schedule;
     int64_t step, total_steps;
-    FILE *metrics;
-} ts_trainer;
+    FILE *metrics;         /* the leader's metrics.jsonl, else NULL */
+    ts_strategy *strategy; /* owned */
+    ts_group shard;        /* the (rank, world) the loader is sharded by */
+};
 
-/* Builds everything for job (job_text: its JSON) in run_dir, resuming from
- * the newest checkpoint in run_dir/checkpoints when resume is set and one
- * exists. run_dir NULL: no run folder (evaluation, generation). */
-ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const char *run_dir, bool resume);
+/* Builds everything for job (job_text: its JSON) in run_dir with strategy
+ * s (owned from now on, also on failure): the units s builds, the loader
+ * sharded by s's group, then s's attach; resumes from the newest checkpoint
+ * in run_dir/checkpoints when resume is set and one exists. run_dir NULL:
+ * no run folder (evaluation, generation). */
+ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const char *run_dir, bool resume,
+                              ts_strategy *s);
 
 void ts_trainer_free(ts_trainer *t);
 
@@ -72,29 +78,35 @@ void ts_trainer_free(ts_trainer *t);
 ts_status ts_trainer_micro(ts_trainer *t, const ts_batch *b, double scale, double *loss);
 
 /* The gradients of one optimizer step (accum_steps micro-batches from the
- * loader) into the zeroed gradient buffer; mean loss in *loss. */
+ * loader) into the zeroed gradient buffer; mean loss in *loss. After the
+ * last micro-batch's backward it tells the strategy the whole buffer is
+ * final (grads_ready). */
 ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples);
 
-/* Clips and applies the optimizer to the whole model; advances t->step. */
+/* Clips the strategy's slices by the job's global gradient norm (reduced by
+ * the strategy), steps the optimizer on them and advances t->step. */
 ts_status ts_trainer_apply(ts_trainer *t, double *lr, double *grad_norm);
 
-/* ts_trainer_grads + ts_trainer_apply, timed. */
+/* One step through the strategy (begin_step, grads, apply, end_step), timed. */
 ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s);
 
 /* Loss and accuracy (or bits per byte) on the validation set, or the test
  * set, in eval mode and without gradients; max_batches 0 = all. */
 ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval_stats *e);
 
-/* Loads model weights, optimizer state, step and loader position from the
- * checkpoint folder dir (validated; names and shapes must match). */
+/* Loads what the strategy holds (for "local": model weights, optimizer
+ * state, step and loader position) from the checkpoint folder dir
+ * (validated; names and shapes must match). */
 ts_status ts_trainer_load(ts_trainer *t, const char *dir);
 
-/* Saves a checkpoint of the current step; its folder goes to path. */
+/* Saves a checkpoint of the current step through the strategy; its folder
+ * goes to path. */
 ts_status ts_trainer_save(ts_trainer *t, char *path, size_t cap);
 
 /* The whole loop: steps with a log line each, evals, checkpoints, a final
- * checkpoint and test evaluation. Stops early, after saving a checkpoint,
- * when *stop becomes non-zero (SIGINT). */
+ * checkpoint and test evaluation (logs and metrics from the group's leader
+ * only). Stops early, after saving a checkpoint, when *stop becomes
+ * non-zero (SIGINT). */
 ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop);
 
 /* Builds the model spec a job describes. */

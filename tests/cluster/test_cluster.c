@@ -29,7 +29,7 @@ static const char *job_file(const char *name, int steps, int workers, int server
              " \"parallel\": {\"strategy\": \"standin\", \"workers\": %d, "
              "\"servers\": %d, \"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 1000, "
              "\"barrier_timeout_ms\": 2000%s%s},\n"
-             " \"standin\": {\"size\": 1024, \"step_ms\": %d}}\n",
+             " \"standin\": {\"step_ms\": %d}}\n",
              name, steps, workers, servers, extra[0] ? ", " : "", extra, step_ms);
     snprintf(file, sizeof file, "%s.json", name);
     return th_write(file, text);

@@ -1,6 +1,7 @@
 /* test_resume.c - a training run stopped by SIGINT or kill -9 after a
  * checkpoint and resumed gives the same losses as one that never stopped;
- * bad job fields are refused by name. Runs the real tessera-run. */
+ * tessera-worker given the job alone trains it to tessera-run's losses;
+ * bad job fields are refused by name. Runs the real programs. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,17 +19,18 @@
 
 static char run_base[256];
 
-/* Starts tessera-run on the small MLP job in run_dir with extra args. */
-static pid_t start_run(const char *run_dir, const char *extra) {
+/* Starts prog (tessera-run, tessera-worker) on the small MLP job in
+ * run_dir with extra args. */
+static pid_t start_prog(const char *prog, const char *run_dir, const char *extra) {
     const char *bin = getenv("TESSERA_BIN_DIR");
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
-             "exec %s/tessera-run examples/mlp_fashion.json --run-dir %s --set steps=%d --set train.epochs=0 "
+             "exec %s/%s examples/mlp_fashion.json --run-dir %s --set steps=%d --set train.epochs=0 "
              "--set train.batch_size=64 --set train.log_every=1 "
              "--set train.checkpoint_every=8 --set train.eval_every=0 --set train.eval_batches=2 "
              "--set schedule.warmup_steps=4 %s "
              "> %s.log 2>&1",
-             bin ? bin : "build/bin", run_dir, STEPS, extra, run_dir);
+             bin ? bin : "build/bin", prog, run_dir, STEPS, extra, run_dir);
     pid_t pid = fork();
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
@@ -36,6 +38,8 @@ static pid_t start_run(const char *run_dir, const char *extra) {
     }
     return pid;
 }
+
+static pid_t start_run(const char *run_dir, const char *extra) { return start_prog("tessera-run", run_dir, extra); }
 
 static int wait_exit(pid_t pid) {
     int status = 0;
@@ -107,6 +111,18 @@ static void test_kill9_then_resume(void **state) {
     for (int s = 1; s <= STEPS; s++) assert_true(a[s] == b[s]);
 }
 
+/* The worker program trains a job alone through the same path. */
+static void test_worker_trains_like_run(void **state) {
+    (void)state;
+    double a[STEPS + 1] = {0}, b[STEPS + 1] = {0};
+    reference(a);
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/worker", run_base);
+    assert_int_equal(wait_exit(start_prog("tessera-worker", dir, "")), 0);
+    assert_int_equal(read_losses(dir, b), STEPS);
+    for (int s = 1; s <= STEPS; s++) assert_true(a[s] == b[s]);
+}
+
 static void test_bf16_tracks_f32(void **state) {
     (void)state;
     double a[STEPS + 1] = {0}, b[STEPS + 1] = {0};
@@ -141,6 +157,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sigint_then_resume),
         cmocka_unit_test(test_kill9_then_resume),
+        cmocka_unit_test(test_worker_trains_like_run),
         cmocka_unit_test(test_bf16_tracks_f32),
         cmocka_unit_test(test_bad_field_is_named),
     };

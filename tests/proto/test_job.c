@@ -36,7 +36,6 @@ static void test_defaults(void **state) {
     assert_string_equal(job.parallel.bind, "127.0.0.1");
     assert_string_equal(job.parallel.key_file, "");
     assert_int_equal(job.parallel.join_timeout_ms, 60000);
-    assert_int_equal(job.standin.size, 4096);
     assert_int_equal(job.standin.step_ms, 0);
 }
 
@@ -48,7 +47,7 @@ static void test_full_section(void **state) {
         "\"min_workers\": 3, \"max_workers\": 6, \"max_restarts\": 1,"
         "\"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 1000,"
         "\"barrier_timeout_ms\": 2000, \"bind\": \"0.0.0.0\","
-        "\"key_file\": \"/tmp/k\"}, \"standin\": {\"size\": 8, \"step_ms\": 20}}";
+        "\"key_file\": \"/tmp/k\"}, \"standin\": {\"step_ms\": 20}}";
     ts_job job;
     assert_int_equal(ts_job_parse(text, NULL, 0, &job), TS_OK);
     assert_string_equal(job.name, "demo-1");
@@ -66,7 +65,6 @@ static void test_full_section(void **state) {
     assert_string_equal(job.parallel.bind, "0.0.0.0");
     assert_string_equal(job.parallel.key_file, "/tmp/k");
     assert_string_equal(ts_job_strategy_name(job.parallel.strategy), "standin");
-    assert_int_equal(job.standin.size, 8);
     assert_int_equal(job.standin.step_ms, 20);
 }
 
@@ -176,7 +174,7 @@ static void test_node_args(void **state) {
     char *ok[] = {"w", "--scheduler", "tcp://127.0.0.1:5", "--key-file=/k",
                   "--job", path, "--set", "parallel.workers=3", "--rank=2", NULL};
     ts_job_node_args a;
-    assert_int_equal(ts_job_node_args_parse(9, ok, &a), TS_OK);
+    assert_int_equal(ts_job_node_args_parse(9, ok, true, &a), TS_OK);
     assert_string_equal(a.scheduler, "tcp://127.0.0.1:5");
     assert_string_equal(a.key_file, "/k");
     assert_int_equal(a.rank, 2);
@@ -184,22 +182,30 @@ static void test_node_args(void **state) {
     assert_string_equal(a.job.name, "n");
 
     char *unknown[] = {"w", "--schedular", "x", NULL};
-    assert_int_not_equal(ts_job_node_args_parse(3, unknown, &a), TS_OK);
+    assert_int_not_equal(ts_job_node_args_parse(3, unknown, true, &a), TS_OK);
     assert_non_null(strstr(ts_last_error(), "unknown argument --schedular"));
     char *novalue[] = {"w", "--scheduler", NULL};
-    assert_int_not_equal(ts_job_node_args_parse(2, novalue, &a), TS_OK);
+    assert_int_not_equal(ts_job_node_args_parse(2, novalue, true, &a), TS_OK);
     assert_non_null(strstr(ts_last_error(), "--scheduler needs a value"));
     char *badrank[] = {"w", "--rank", "-3", NULL};
-    assert_int_not_equal(ts_job_node_args_parse(3, badrank, &a), TS_OK);
+    assert_int_not_equal(ts_job_node_args_parse(3, badrank, true, &a), TS_OK);
     assert_non_null(strstr(ts_last_error(), "--rank: \"-3\" is not a rank"));
     unsetenv("TESSERA_KEY_FILE");
     char *nokey[] = {"w", "--scheduler", "tcp://x:1", "--job", path, NULL};
-    assert_int_not_equal(ts_job_node_args_parse(5, nokey, &a), TS_OK);
+    assert_int_not_equal(ts_job_node_args_parse(5, nokey, true, &a), TS_OK);
     assert_non_null(strstr(ts_last_error(), "--key-file PATH"));
     char *badset[] = {"w", "--scheduler", "a", "--key-file", "k", "--job", path,
                       "--set", "parallel.workers=x", NULL};
-    assert_int_not_equal(ts_job_node_args_parse(9, badset, &a), TS_OK);
+    assert_int_not_equal(ts_job_node_args_parse(9, badset, true, &a), TS_OK);
     assert_non_null(strstr(ts_last_error(), "parallel.workers: expected integer"));
+    /* a node that trains alone: the job file alone, no scheduler */
+    char *alone[] = {"w", path, "--run-dir", "/r", "--resume", NULL};
+    assert_int_equal(ts_job_node_args_parse(5, alone, false, &a), TS_OK);
+    assert_string_equal(a.scheduler, "");
+    assert_string_equal(a.run_dir, "/r");
+    assert_true(a.resume);
+    assert_int_not_equal(ts_job_node_args_parse(5, alone, true, &a), TS_OK);
+    assert_non_null(strstr(ts_last_error(), "--scheduler ADDR is required"));
     unlink(path);
 }
 

@@ -1,0 +1,122 @@
+/* node.c - a worker process's life: join, make the strategy, train, leave. */
+#include "worker/node.h"
+
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include "kernels/clock.h"
+#include "membership/member.h"
+#include "worker/strategy.h"
+#include "worker/trainer.h"
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_signal(int sig) {
+    (void)sig;
+    stop_requested = 1;
+}
+
+void ts_worker_run_dir(const ts_job *job, const char *given, char *dir, size_t cap) {
+    if (given && given[0]) {
+        snprintf(dir, cap, "%s", given);
+    } else if (job->train.run_dir[0]) {
+        snprintf(dir, cap, "%s", job->train.run_dir);
+    } else {
+        mkdir("runs", 0755);
+        snprintf(dir, cap, "runs/%s", job->name);
+    }
+}
+
+/* The job as complete JSON text (malloc'd), saved with every checkpoint. */
+static char *job_text(const ts_job *job) {
+    json_t *j = ts_job_to_json(job);
+    char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+    json_decref(j);
+    return text;
+}
+
+/* Joins the job at o->scheduler. A restarted worker may ask for its old
+ * rank before the scheduler has declared its old process dead (the job
+ * looks full): it asks again until that must have happened. */
+static ts_member *join(const ts_worker_options *o) {
+    const ts_job_parallel *p = &o->job->parallel;
+    ts_member_options opt = {.scheduler = o->scheduler,
+                             .job = o->job->name,
+                             .key_file = o->key_file,
+                             .role = TS_ROLE_WORKER,
+                             .caps = ts_job_strategy_name(p->strategy),
+                             .prev_rank = o->rank,
+                             .timeout_ms = p->join_timeout_ms};
+    ts_member *m = NULL;
+    double give_up = ts_clock_ms() + 2.0 * p->heartbeat_timeout_ms + 1000;
+    ts_status st;
+    while ((st = ts_member_join(&opt, &m)) == TS_ERR_PEER && o->rank >= 0 && ts_clock_ms() < give_up) {
+        fprintf(stderr, "join refused (%s); asking again\n", ts_last_error());
+        ts_sleep_ms(p->heartbeat_ms);
+    }
+    if (st) {
+        fprintf(stderr, "join failed: %s\n", ts_last_error());
+        return NULL;
+    }
+    ts_member_info info;
+    ts_member_info_get(m, &info);
+    ts_proto_member *r = NULL;
+    size_t n = 0;
+    int world = 0;
+    if (ts_member_roster(m, &r, &n, NULL) == TS_OK)
+        for (size_t i = 0; i < n; i++) world += r[i].role == TS_ROLE_WORKER && r[i].alive;
+    free(r);
+    printf("joined rank=%d generation=%llu world=%d start_step=%lld\n", info.rank,
+           (unsigned long long)info.generation, world, (long long)info.start_step);
+    return m;
+}
+
+/* After the last step: waits (up to the heartbeat plus the barrier timeout)
+ * for the scheduler's SHUTDOWN and returns its code. */
+static int await_shutdown(ts_member *m) {
+    ts_member_info info;
+    ts_member_info_get(m, &info);
+    double deadline = ts_clock_ms() + info.heartbeat_timeout_ms + info.barrier_timeout_ms;
+    int code = 0;
+    char reason[TS_PROTO_REASON_MAX + 1];
+    while (!ts_member_shutdown_requested(m, &code, reason, sizeof reason)) {
+        if (ts_clock_ms() > deadline) {
+            fprintf(stderr, "no SHUTDOWN from the scheduler after the last step; leaving the job\n");
+            ts_member_leave(m, "finished every step, no shutdown received");
+            return 0;
+        }
+        ts_sleep_ms(5);
+    }
+    printf("shutdown (code %d): %s\n", code, reason);
+    ts_member_close(m);
+    return code;
+}
+
+int ts_worker_run(const ts_worker_options *o) {
+    ts_member *m = NULL;
+    if (o->scheduler && !(m = join(o))) return 1;
+    ts_strategy_options so = {.name = ts_job_strategy_name(o->job->parallel.strategy), .member = m};
+    ts_strategy *s = ts_strategy_create(&so);
+    char *text = s ? job_text(o->job) : NULL;
+    ts_trainer *t = s ? ts_trainer_create(o->job, text, o->run_dir, o->resume, s) : NULL;
+    free(text);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    ts_status st = t ? ts_trainer_run(t, &stop_requested) : ts_last_status();
+    int code = 0;
+    if (st) {
+        fprintf(stderr, "%s: %s\n", o->prog, ts_last_error());
+        code = stop_requested ? 130 : 1;
+    }
+    ts_trainer_free(t);
+    if (!m) return code;
+    if (code) {
+        ts_member_leave(m, code == 130 ? "stopped by a signal" : "training failed");
+        return code;
+    }
+    return await_shutdown(m);
+}

@@ -1,0 +1,90 @@
+/* strategy.c - making a strategy by name, and what cluster strategies share:
+ * following the scheduler's generations. */
+#include "worker/strategy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The strategies of this build; cluster ones need a membership. */
+static const struct {
+    const char *name;
+    ts_strategy *(*make)(const ts_strategy_options *o);
+    bool cluster;
+} strategies[] = {
+    {"local", ts_strategy_local_new, false},
+    {"standin", ts_strategy_standin_new, true},
+};
+
+enum { N_STRATEGIES = sizeof strategies / sizeof strategies[0] };
+
+const char *ts_strategy_names(void) {
+    static char names[256];
+    if (!names[0])
+        for (int i = 0; i < N_STRATEGIES; i++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
+                     strategies[i].name);
+    return names;
+}
+
+ts_strategy *ts_strategy_create(const ts_strategy_options *o) {
+    for (int i = 0; i < N_STRATEGIES; i++) {
+        if (strcmp(o->name, strategies[i].name) != 0) continue;
+        if (strategies[i].cluster && !o->member) {
+            ts_error(TS_ERR_VALUE, "strategy \"%s\" runs in a job's cluster: start it with tessera-run or join a "
+                                   "scheduler (--scheduler)", o->name);
+            return NULL;
+        }
+        if (!strategies[i].cluster && o->member) {
+            ts_error(TS_ERR_VALUE, "strategy \"%s\" trains in one process: run it without a scheduler", o->name);
+            return NULL;
+        }
+        ts_strategy *s = strategies[i].make(o);
+        if (s) s->member = o->member;
+        return s;
+    }
+    ts_error(TS_ERR_VALUE, "parallel.strategy: unknown strategy \"%s\" (this build has %s)", o->name,
+             ts_strategy_names());
+    return NULL;
+}
+
+void ts_strategy_free(ts_strategy *s) {
+    if (s) s->ops->free(s);
+}
+
+/* This node's index among the live workers of roster r (ranks ascending),
+ * and their number. */
+static void worker_place(const ts_proto_member *r, size_t n, int32_t me, int *index, int *workers) {
+    *index = -1;
+    *workers = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].role != TS_ROLE_WORKER || !r[i].alive) continue;
+        if (r[i].rank == me) *index = 0;
+        *workers += 1;
+    }
+    for (size_t i = 0; *index >= 0 && i < n; i++)
+        *index += r[i].role == TS_ROLE_WORKER && r[i].alive && r[i].rank < me;
+}
+
+bool ts_strategy_poll_workers(ts_strategy *s, int *index, int *workers) {
+    uint64_t g;
+    ts_proto_member *r = NULL;
+    size_t n = 0;
+    bool fresh = *workers == 0; /* the first call reads the join's roster */
+    if (fresh ? ts_member_roster(s->member, &r, &n, &g) != TS_OK
+              : !ts_member_poll_membership(s->member, &g, &r, &n))
+        return false;
+    ts_member_info info;
+    ts_member_info_get(s->member, &info);
+    int before = *workers;
+    worker_place(r, n, info.rank, index, workers);
+    free(r);
+    if (fresh) {
+        ts_member_poll_membership(s->member, NULL, NULL, NULL); /* the join's own generation */
+    } else if (*workers != before) {
+        printf("generation %llu: world size %d -> %d workers\n", (unsigned long long)g, before, *workers);
+    } else {
+        printf("generation %llu: world size %d workers\n", (unsigned long long)g, *workers);
+    }
+    return true;
+}

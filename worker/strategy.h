@@ -1,0 +1,137 @@
+/* strategy.h - how one process takes part in training: the seam between the
+ * training loop and the ways of splitting the work.
+ *
+ * The trainer (trainer.c) owns the loop, evaluation, checkpoints and
+ * metrics and never asks which strategy runs. Where parallel training
+ * differs it calls the strategy, always in this order:
+ *
+ *   once, before the model is built
+ *     units        which units of the model this process builds
+ *   once, after the trainer made its model, optimizer groups and loader
+ *   (and loaded a checkpoint when resuming)
+ *     attach       start communicators, fetch or send parameters
+ *   every step
+ *     begin_step   take a new membership (the trainer re-shards its loader
+ *                  when the data shard changed), pull parameters (PS)
+ *     grads        the step's gradients into the model's flat gradient
+ *                  buffer and the step's loss averaged over every sample of
+ *                  the step in the whole job; most strategies run
+ *                  ts_trainer_grads (the micro-batch loop), during which
+ *     grads_ready  says, on the step's last micro-batch only, that the
+ *                  gradients of the flat range [offset, offset + len) are
+ *                  final (DDP starts a bucket's all-reduce, PS pushes)
+ *     slices       the ranges of parameters, gradients and optimizer state
+ *                  this process updates (none when the shards step, PS)
+ *     reduce_sq_norm  the squared L2 norm of the job's whole gradient from
+ *                  the sum over this process's slices (identity where every
+ *                  process holds the whole reduced gradient); the trainer
+ *                  clips every slice by it and steps the optimizer on them
+ *     end_step     after the optimizer step (PS: wait for the shards)
+ *   when asked
+ *     reduce_sums  sums n numbers over the data-parallel group, in place
+ *                  (evaluation: each rank scores every world-th batch)
+ *     save, load   what this process holds, in a checkpoint folder
+ *
+ * A strategy fills every hook; the local ones (strategy_local.c) are the
+ * building blocks the others reuse. Hooks return ts_status with a message
+ * naming the peer, step or range that failed.
+ */
+#ifndef TS_WORKER_STRATEGY_H
+#define TS_WORKER_STRATEGY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/nn/models.h"
+#include "kernels/optim/optim.h"
+#include "membership/member.h"
+
+typedef struct ts_trainer ts_trainer;
+typedef struct ts_strategy ts_strategy;
+
+/* Where this process stands in the job: the data-parallel rank and world
+ * size its loader is sharded by, the generation they belong to, and
+ * whether it is the process that writes the run's log, metrics and shared
+ * checkpoint files. A local run is rank 0 of 1 in generation 0, leader. */
+typedef struct {
+    int rank, world;
+    uint64_t generation;
+    bool leader;
+} ts_group;
+
+typedef struct {
+    const char *name;
+    ts_status (*units)(ts_strategy *s, const ts_model_spec *spec, int *first, int *end);
+    ts_status (*attach)(ts_strategy *s);
+    ts_status (*begin_step)(ts_strategy *s, int64_t step);
+    ts_status (*grads)(ts_strategy *s, double *loss, int64_t *samples);
+    ts_status (*grads_ready)(ts_strategy *s, int64_t offset, int64_t len);
+    void (*slices)(ts_strategy *s, const ts_optim_slice **slices, int *n);
+    ts_status (*reduce_sq_norm)(ts_strategy *s, double local, double *global);
+    ts_status (*reduce_sums)(ts_strategy *s, double *v, int n);
+    ts_status (*end_step)(ts_strategy *s, int64_t step);
+    ts_status (*save)(ts_strategy *s, char *path, size_t cap);
+    ts_status (*load)(ts_strategy *s, const char *dir);
+    void (*free)(ts_strategy *s);
+} ts_strategy_ops;
+
+/* The state every strategy has; a strategy's own struct starts with it. */
+struct ts_strategy {
+    const ts_strategy_ops *ops;
+    ts_group group;      /* the trainer reads it after begin_step */
+    bool finished;       /* the job ended for this process (the scheduler shut
+                          * it down): the loop stops without a step */
+    ts_member *member;   /* the job's scheduler client; NULL in a local run */
+    ts_trainer *trainer; /* set by ts_trainer_create before any hook */
+};
+
+/* What a node needs to make its strategy. */
+typedef struct {
+    const char *name;  /* parallel.strategy: "local", "standin", ... */
+    ts_member *member; /* NULL: a local run (only "local" accepts it) */
+} ts_strategy_options;
+
+/* Makes the strategy called o->name; an unknown name is an error listing
+ * the strategies of this build; one that needs a job's membership refuses
+ * a NULL member. Free with ts_strategy_free. */
+ts_strategy *ts_strategy_create(const ts_strategy_options *o);
+
+/* Calls s->ops->free; NULL is fine. */
+void ts_strategy_free(ts_strategy *s);
+
+/* The strategies of this build, ", "-separated, for messages. */
+const char *ts_strategy_names(void);
+
+/* The constructors of ts_strategy_create's table (strategy_<name>.c). */
+ts_strategy *ts_strategy_local_new(const ts_strategy_options *o);
+ts_strategy *ts_strategy_standin_new(const ts_strategy_options *o);
+
+/* For cluster strategies: takes the generation the scheduler announced
+ * since the last call (the first call: the join's) and returns whether
+ * there was one; then *index is this node's place among the live workers
+ * (ranks ascending, -1 if not among them) and *workers their number. A
+ * change of *workers after the first call is logged as "generation G:
+ * world size A -> B workers". */
+bool ts_strategy_poll_workers(ts_strategy *s, int *index, int *workers);
+
+/* ---- the local building blocks (strategy_local.c) ---- */
+
+/* Every unit: [0, units). */
+ts_status ts_strategy_all_units(ts_strategy *s, const ts_model_spec *spec, int *first, int *end);
+
+/* grads_ready for a strategy with nothing to send during backward. */
+ts_status ts_strategy_ready_nothing(ts_strategy *s, int64_t offset, int64_t len);
+
+/* reduce_sq_norm / reduce_sums where this process alone holds it all. */
+ts_status ts_strategy_sq_norm_here(ts_strategy *s, double local, double *global);
+ts_status ts_strategy_sums_here(ts_strategy *s, double *v, int n);
+
+/* One slice: the model's whole flat buffers (the trainer's `whole`). */
+void ts_strategy_whole_model(ts_strategy *s, const ts_optim_slice **slices, int *n);
+
+/* Saves / loads the whole model, optimizer state, loader position and job
+ * as one checkpoint in the run folder (the trainer's files). */
+ts_status ts_strategy_save_whole(ts_strategy *s, char *path, size_t cap);
+ts_status ts_strategy_load_whole(ts_strategy *s, const char *dir);
+
+#endif
