@@ -7,8 +7,10 @@
  * generation, sends it, and posts replies back through a condition variable.
  * Before JOIN_ACK the thread re-sends JOIN every JOIN_RESEND_MS (the
  * scheduler takes it as "still waiting"); after it, HEARTBEAT every
- * heartbeat_ms. A socket monitor turns a refused CURVE handshake into an
- * immediate join error.
+ * heartbeat_ms, which the scheduler answers with its own. A socket monitor
+ * turns a refused CURVE handshake into an immediate join error and tells
+ * whether the connection is up; with both the thread judges the scheduler
+ * lost (see scheduler_lost).
  */
 #include "membership/member.h"
 
@@ -29,6 +31,11 @@
 #define DEFAULT_JOIN_TIMEOUT_MS 60000
 #define WAIT_MARGIN_MS 2000
 #define MSG_TEXT 640
+/* A scheduler whose connection stays open (its host acknowledges: a stopped,
+ * paused or swapping process) may stay silent this many heartbeat timeouts,
+ * and at least STALL_MIN_MS, before it is given up. */
+#define STALL_TIMEOUTS 10
+#define STALL_MIN_MS 30000
 
 typedef enum { REQ_NONE, REQ_BARRIER, REQ_BLOB_PUT, REQ_BLOB_GET } req_kind;
 
@@ -80,6 +87,10 @@ struct ts_member {
     char req_error[MSG_TEXT];
     void *req_data;
     size_t req_size;
+
+    /* I/O thread only */
+    uint64_t last_heard_ms; /* last message from the scheduler (or join) */
+    bool link_down;         /* the connection dropped and is not back */
 };
 
 /* snprintf into a fixed field; truncation of long peer text is intended. */
@@ -224,7 +235,8 @@ static void on_message(ts_member *m, const ts_proto_msg *msg)
     pthread_mutex_unlock(&m->mu);
 }
 
-/* I/O thread: reads socket-monitor events; a refused handshake fails the join. */
+/* I/O thread: reads socket-monitor events; a refused handshake fails the
+ * join; a dropped connection is noted until a handshake succeeds again. */
 static void on_monitor(ts_member *m)
 {
     for (;;) {
@@ -247,6 +259,10 @@ static void on_monitor(ts_member *m)
             zmq_msg_recv(&addr, m->mon, 0);
             zmq_msg_close(&addr);
         }
+        if (event == ZMQ_EVENT_DISCONNECTED)
+            m->link_down = true;
+        else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+            m->link_down = false;
         pthread_mutex_lock(&m->mu);
         if (!m->joined && !m->join_failed &&
             (event & (ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL))) {
@@ -300,6 +316,37 @@ static void send_stamped(ts_member *m, const outmsg *o)
     }
 }
 
+/* I/O thread: after the join, gives the scheduler up when it was silent
+ * past the heartbeat timeout with its connection down (the process died or
+ * its host closed the connection), or past the stall allowance with the
+ * connection up (nothing answers; a stopped or stalled scheduler whose host
+ * still holds the connection is waited for that long). Then the node is told
+ * to shut down (code 1) and a waiting request fails, both naming the
+ * scheduler and how long it was silent. */
+static void check_scheduler(ts_member *m, uint64_t now)
+{
+    pthread_mutex_lock(&m->mu);
+    uint64_t timeout = m->info.heartbeat_timeout_ms ? m->info.heartbeat_timeout_ms : 5000;
+    uint64_t allowance = STALL_TIMEOUTS * timeout > STALL_MIN_MS ? STALL_TIMEOUTS * timeout
+                                                                 : STALL_MIN_MS;
+    uint64_t silent = now > m->last_heard_ms ? now - m->last_heard_ms : 0;
+    if (m->joined && !m->shutdown &&
+        ((m->link_down && silent > timeout) || silent > allowance)) {
+        char text[MSG_TEXT];
+        textf(text, sizeof text, "scheduler %s silent for %llu ms (%s, heartbeat timeout %llu "
+              "ms): the job cannot go on", m->endpoint, (unsigned long long)silent,
+              m->link_down ? "connection lost" : "connection open but no answer",
+              (unsigned long long)timeout);
+        m->shutdown = true;
+        m->shutdown_code = 1;
+        textf(m->shutdown_reason, sizeof m->shutdown_reason, "%s", text);
+        if (m->req != REQ_NONE && !m->req_done)
+            finish_req(m, TS_ERR_PEER, text);
+        pthread_cond_broadcast(&m->cv);
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
 /* What a member receives from the scheduler: at most 4 payload frames and
  * 1 MiB of payload (blobs); job = NULL accepts any job id. */
 static void member_limits(ts_proto_limits *lim, const char *job)
@@ -318,6 +365,7 @@ static void *io_main(void *arg)
     ts_proto_rx rx;
     ts_proto_rx_init(&rx);
     uint64_t next_beat = now_ms();
+    m->last_heard_ms = next_beat;
     bool was_joined = false;
     for (;;) {
         pthread_mutex_lock(&m->mu);
@@ -341,6 +389,7 @@ static void *io_main(void *arg)
             was_joined = true;
             next_beat = now; /* first heartbeat right after JOIN_ACK */
         }
+        check_scheduler(m, now);
         if (down) {
             next_beat = now + 1000; /* shut down or evicted: nothing more to say */
         } else if (now >= next_beat) {
@@ -365,6 +414,7 @@ static void *io_main(void *arg)
             ts_proto_error e = ts_proto_recv(m->sock, &lim, ZMQ_DONTWAIT, &rx);
             if (e == TS_PROTO_E_AGAIN || e == TS_PROTO_E_IO)
                 break;
+            m->last_heard_ms = now_ms();
             if (e == TS_PROTO_OK)
                 on_message(m, &rx.msg);
             ts_proto_rx_release(&rx);
@@ -465,7 +515,9 @@ static void *client_socket(void *ctx, const ts_secure_keys *keys, const ts_proto
         snprintf(ep, sizeof ep, "inproc://ts-member-monitor-%p", (void *)sock);
         *mon = NULL;
         if (zmq_socket_monitor(sock, ep, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
-                                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) == 0) {
+                                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                             ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                                             ZMQ_EVENT_DISCONNECTED) == 0) {
             *mon = zmq_socket(ctx, ZMQ_PAIR);
             if (*mon && zmq_connect(*mon, ep) != 0) {
                 zmq_close(*mon);

@@ -10,6 +10,16 @@
  * error is returned as ts_status with a message naming the scheduler address
  * (and, for barriers, the scheduler's text naming the missing ranks).
  *
+ * A silent scheduler: the scheduler answers every HEARTBEAT. When nothing
+ * came from it for the heartbeat timeout and its connection is down (the
+ * process died, its host closed the connection), or for 10 heartbeat
+ * timeouts (at least 30 s) while the connection stays open (a stopped,
+ * paused or swapping scheduler whose host still answers is waited for that
+ * long), the node is told to shut down (ts_member_shutdown_requested, code
+ * 1, "scheduler tcp://... silent for N ms (connection lost, ...)") and a
+ * waiting request fails with the same text. Every node gets this without
+ * code of its own.
+ *
  * Thread safety: any thread may call any function on a ts_member; blocking
  * requests are served one at a time. Conversation: scheduler/README.md.
  */
@@ -89,9 +99,10 @@ ts_status ts_member_blob_put(ts_member *m, const char *key, const void *data, si
 ts_status ts_member_blob_get(ts_member *m, const char *key, int timeout_ms, void **data,
                              size_t *size);
 
-/* True once the scheduler sent SHUTDOWN (job finished or stopped) or
- * declared this node dead; *code (may be NULL) gets the suggested exit code,
- * reason (may be NULL) the scheduler's words. */
+/* True once the scheduler sent SHUTDOWN (job finished or stopped), declared
+ * this node dead or evicted it, or was found silent; *code (may be NULL) gets
+ * the suggested exit code, reason (may be NULL) the scheduler's words or the
+ * silence naming it. */
 bool ts_member_shutdown_requested(ts_member *m, int *code, char *reason, size_t cap);
 
 /* Tells the scheduler this node leaves the job (a SHUTDOWN from the node),

@@ -59,7 +59,8 @@
 typedef enum {
     TS_MSG_JOIN = 1,         /* node -> scheduler: role, address, caps, prev_rank */
     TS_MSG_JOIN_ACK = 2,     /* scheduler -> node: rank, roster, run settings */
-    TS_MSG_HEARTBEAT = 3,    /* node -> scheduler: step ("s"), last_barrier */
+    TS_MSG_HEARTBEAT = 3,    /* node -> scheduler: step ("s"), last_barrier; answered
+                                scheduler -> node ("s" the job's step) */
     TS_MSG_MEMBERSHIP = 4,   /* scheduler -> all: new generation ("g") + roster */
     TS_MSG_BARRIER = 5,      /* node -> scheduler: barrier_id */
     TS_MSG_BARRIER_RELEASE = 6, /* scheduler -> waiting nodes: barrier_id */

@@ -2,7 +2,9 @@
  *
  * Until the parameter-server strategy exists, a ps joins the job as role
  * ps, heartbeats (the membership client does it), logs every new
- * generation's world size and exits with the scheduler's code on SHUTDOWN.
+ * generation's world size and exits with the scheduler's code on SHUTDOWN,
+ * or 1 when the membership client found the scheduler silent (the line
+ * names it).
  * Output (stdout): "joined rank=R generation=G world=W", then one line per
  * generation change.
  */

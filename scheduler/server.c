@@ -55,6 +55,17 @@ static void reply_status(ts_sched *s, const ts_proto_identity *to)
     ts_proto_msg_free(&m);
 }
 
+/* HEARTBEAT back to a member (the job's step in "s"): how nodes know the
+ * scheduler is alive (membership/member.h). */
+static void answer_heartbeat(ts_sched *s, const sched_node *n)
+{
+    ts_proto_msg m;
+    sched_msg_init(s, &m, TS_MSG_HEARTBEAT);
+    m.step = sched_job_step(s);
+    sched_send(s, &n->id, &m, NULL, 0);
+    ts_proto_msg_free(&m);
+}
+
 /* Checks job, sender rank and generation of a decoded message from a known
  * node (or a stranger); returns false after rejecting it. */
 static bool admissible(ts_sched *s, const ts_proto_identity *id, const sched_node *n,
@@ -118,6 +129,7 @@ static void dispatch(ts_sched *s, const ts_proto_identity *id, const ts_proto_ms
             n->last_step = m->step;
         if (m->last_barrier > n->last_barrier)
             n->last_barrier = m->last_barrier;
+        answer_heartbeat(s, n);
         return;
     case TS_MSG_STEP_DONE:
         sched_on_step_done(s, n, m);

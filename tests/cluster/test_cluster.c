@@ -377,6 +377,41 @@ static void test_scheduler_stall_8_nodes(void **state) {
     stall_scheduler("stall8", 2, 6, 10000);
 }
 
+/* The scheduler dies (kill -9) and no tessera-run supervises: the ps and the
+ * worker started by hand each notice the silent scheduler within the
+ * heartbeat timeout and exit non-zero naming it. */
+static void test_scheduler_killed(void **state) {
+    (void)state;
+    const char *job = job_file("orphans", 0, 1, 1, 20, "");
+    const char *key = th_path("orphans.key");
+    assert_int_equal(ts_secure_keygen(key, NULL), TS_OK);
+    const char *sargv[] = {"tessera-scheduler", "--bind", "tcp://127.0.0.1:0", "--job", "orphans",
+                           "--key-file", key, "--servers", "1", "--min-workers", "1",
+                           "--heartbeat-ms", "100", "--heartbeat-timeout-ms", "1000", NULL};
+    th_proc sched = th_start("orphans-scheduler", sargv);
+    expect_output(&sched, "listening ", 10000);
+    char *text = th_output(&sched), addr[256] = "";
+    sscanf(strstr(text, "listening ") + 10, "%255s", addr);
+    free(text);
+    const char *pargv[] = {"tessera-ps", "--scheduler", addr, "--key-file", key, "--job", job, NULL};
+    const char *wargv[] = {"tessera-worker", "--scheduler", addr, "--key-file", key, "--job", job,
+                           NULL};
+    th_proc ps = th_start("orphans-ps", pargv), worker = th_start("orphans-worker", wargv);
+    expect_output(&worker, "step 3 ", 15000);
+    expect_output(&ps, "joined rank=", 0);
+    kill(sched.pid, SIGKILL);
+    assert_int_equal(th_wait(&sched, 5000), 128 + SIGKILL);
+    /* heartbeat timeout 1000 ms, plus slack for a loaded machine */
+    int rc_ps = th_wait(&ps, 1000 + 4000), rc_worker = th_wait(&worker, 1000 + 4000);
+    char needle[300];
+    snprintf(needle, sizeof needle, "scheduler %s silent for ", addr);
+    if (rc_ps <= 0) dump(&ps, "tessera-ps did not exit non-zero after the scheduler died");
+    if (th_count(&ps, needle) == 0) dump(&ps, "tessera-ps did not name the silent scheduler");
+    if (rc_worker <= 0) dump(&worker, "tessera-worker did not exit non-zero after the scheduler died");
+    if (th_count(&worker, needle) == 0) dump(&worker, "tessera-worker did not name the silent scheduler");
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* (f) the same small job under mpirun, SPMD and MPMD forms. */
 static void test_mpirun(void **state) {
     (void)state;
@@ -421,7 +456,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_restart_worker), cmocka_unit_test(test_join),
         cmocka_unit_test(test_key_required),  cmocka_unit_test(test_launcher_killed),
         cmocka_unit_test(test_stopped_worker), cmocka_unit_test(test_scheduler_stall),
-        cmocka_unit_test(test_scheduler_stall_8_nodes),
+        cmocka_unit_test(test_scheduler_stall_8_nodes), cmocka_unit_test(test_scheduler_killed),
         cmocka_unit_test(test_mpirun),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
