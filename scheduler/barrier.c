@@ -4,7 +4,9 @@
  * members of that role alive at that moment (plus any later member that
  * arrives). It is released when every expected member still alive arrived.
  * At half the barrier timeout a warning names the missing ranks; at the
- * timeout every waiting rank gets an ERROR naming them and their last step.
+ * timeout those that are alive are evicted when the job keeps its minimum
+ * of that role without them (sched_evict), and the barrier is released;
+ * otherwise every waiting rank gets an ERROR naming them and their last step.
  * A member admitted after a barrier opened was not expected there; if it
  * arrives once the barrier was released, it is released at once.
  */
@@ -126,6 +128,32 @@ static bool try_release(ts_sched *s, sched_barrier *b)
     return true;
 }
 
+/* At the timeout: the expected members still alive that did not arrive are
+ * evicted (sched_evict) when the job keeps its minimum without them; then
+ * the barrier is released for the others. False when nobody was evicted. */
+static bool evict_missing(ts_sched *s, sched_barrier *b, const char *missing)
+{
+    sched_node **stuck = malloc(b->n * sizeof *stuck);
+    size_t n = 0;
+    for (size_t i = 0; stuck && i < b->n; i++) {
+        sched_node *v = sched_node_by_rank(s, b->ranks[i]);
+        if (!b->arrived[i] && v)
+            stuck[n++] = v;
+    }
+    char why[TS_PROTO_REASON_MAX - 100];
+    snprintf(why, sizeof why, "kept heartbeating but did not reach %s barrier %lld within %d ms",
+             ts_proto_role_name(b->role), (long long)b->id, s->cfg.barrier_timeout_ms);
+    bool evicted = stuck && n > 0 && sched_evict(s, stuck, n, why);
+    free(stuck);
+    if (!evicted)
+        return false;
+    ts_sched_log(TS_SCHED_WARN, "barrier %lld timed out after %d ms: %s; evicted, the barrier "
+                 "goes on without them", (long long)b->id, s->cfg.barrier_timeout_ms, missing);
+    sched_barriers_recheck(s); /* releases b */
+    sched_advance(s);
+    return true;
+}
+
 /* Half the barrier timeout: a warning; all of it: the timeout. Judged on the
  * scheduler's clock (the uv timer may fire early after a stall). */
 static void on_barrier_timer(uv_timer_t *h)
@@ -149,6 +177,8 @@ static void on_barrier_timer(uv_timer_t *h)
         uv_timer_start(&b->timer, on_barrier_timer, t - t / 2, 0);
         return;
     }
+    if (evict_missing(s, b, missing))
+        return;
     char reason[TS_PROTO_REASON_MAX + 1];
     snprintf(reason, sizeof reason, "barrier %lld timed out after %d ms: %s", (long long)b->id,
              s->cfg.barrier_timeout_ms, missing);

@@ -116,6 +116,14 @@ size_t sched_count(const ts_sched *s, sched_node_state st, ts_proto_role role);
 void sched_on_join(ts_sched *s, const ts_proto_identity *id, const ts_proto_msg *m);
 void sched_on_step_done(ts_sched *s, sched_node *n, const ts_proto_msg *m);
 void sched_on_leave(ts_sched *s, sched_node *n, const ts_proto_msg *m);
+/* Evicts the members stuck[0..n) of one role — alive, heartbeating, but
+ * holding the job up past a timeout (a barrier; later a collective) — like
+ * dead ones, when the job keeps its minimum of that role without them
+ * (workers: --min-workers; servers: all are needed, none is evicted). Each
+ * gets ERROR refused "rank R evicted: <why>"; the change waits for the next
+ * step boundary like a death. The caller re-checks barriers and advances.
+ * False, evicting nobody, when the job could not go on without them. */
+bool sched_evict(ts_sched *s, sched_node *const *stuck, size_t n, const char *why);
 /* Periodic: declares silent members dead, drops silent joiners. */
 void sched_check_liveness(ts_sched *s);
 /* Starts a new generation if a change waits and the workers are at a step

@@ -351,6 +351,32 @@ static void remove_member(ts_sched *s, sched_node *n, sched_node_state st)
     s->change_pending = true;
 }
 
+/* Live members of a role the job needs at least: every server, and
+ * --min-workers workers. */
+static size_t role_minimum(const ts_sched *s, ts_proto_role role)
+{
+    return role == TS_ROLE_PS ? (size_t)s->cfg.servers : (size_t)s->cfg.min_workers;
+}
+
+bool sched_evict(ts_sched *s, sched_node *const *stuck, size_t n, const char *why)
+{
+    if (n == 0)
+        return true;
+    ts_proto_role role = stuck[0]->role;
+    size_t live = sched_count(s, NODE_MEMBER, role);
+    if (live < n || live - n < role_minimum(s, role))
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        sched_node *v = stuck[i];
+        ts_sched_log(TS_SCHED_WARN, "%s rank %d (address '%s') evicted: %s; the job goes on "
+                     "with %zu %ss", ts_proto_role_name(v->role), v->rank, v->address, why,
+                     live - n, ts_proto_role_name(role));
+        sched_send_error(s, &v->id, TS_PROTO_E_REFUSED, "rank %d evicted: %s", v->rank, why);
+        remove_member(s, v, NODE_DEAD);
+    }
+    return true;
+}
+
 void sched_on_leave(ts_sched *s, sched_node *n, const ts_proto_msg *m)
 {
     ts_sched_log(TS_SCHED_INFO, "%s rank %d left at step %lld: %s", ts_proto_role_name(n->role),

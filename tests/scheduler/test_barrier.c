@@ -1,5 +1,6 @@
 /* test_barrier.c - barrier release, barrier timeout naming the missing rank
- * and its last step, and the blob relay, against the real tessera-scheduler. */
+ * and its last step, eviction of a member that skips barriers, and the blob
+ * relay, against the real tessera-scheduler. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -116,6 +117,73 @@ static void barrier_timeout_names_missing_rank(void **state)
 
 typedef struct {
     ts_member *m;
+    int steps;
+    ts_status st;
+    char error[1024];
+} loop_arg;
+
+/* The stand-in loop: barrier(step), then step_done(step). */
+static void *loop_thread(void *p)
+{
+    loop_arg *a = p;
+    a->st = TS_OK;
+    for (int64_t step = 1; step <= a->steps && a->st == TS_OK; step++) {
+        a->st = ts_member_barrier(a->m, step, 10000);
+        if (a->st == TS_OK)
+            a->st = ts_member_step_done(a->m, step);
+    }
+    snprintf(a->error, sizeof a->error, "%s", a->st == TS_OK ? "" : ts_last_error());
+    return NULL;
+}
+
+/* A key holder joins as an extra worker, heartbeats and never reaches a
+ * barrier: at the barrier timeout it is evicted like a dead member (the job
+ * keeps its 2 workers), the others go on and the job finishes. */
+static void member_that_skips_barriers_is_evicted(void **state)
+{
+    (void)state;
+    th_sched s;
+    th_start(&s, "--min-workers", "2", "--max-workers", "3", "--barrier-timeout-ms", "1000",
+             "--heartbeat-ms", "50", "--heartbeat-timeout-ms", "5000", "--steps", "4", NULL);
+    ts_proto_role roles[2] = {TS_ROLE_WORKER, TS_ROLE_WORKER};
+    ts_member *m[2];
+    th_join_many(&s, roles, 2, m);
+    ts_member *rogue = th_join(&s, TS_ROLE_WORKER, -1, 5000);
+    assert_non_null(rogue);
+    ts_member_info info;
+    ts_member_info_get(rogue, &info);
+    pthread_t t[2];
+    loop_arg a[2];
+    for (int i = 0; i < 2; i++) {
+        a[i] = (loop_arg){.m = m[i], .steps = 4};
+        pthread_create(&t[i], NULL, loop_thread, &a[i]);
+    }
+    for (int i = 0; i < 2; i++) {
+        pthread_join(t[i], NULL);
+        if (a[i].st != TS_OK)
+            fail_msg("worker %d: %s", i, a[i].error);
+    }
+    assert_int_equal(th_wait_exit(&s, 10000), 0);
+    char expect[128];
+    snprintf(expect, sizeof expect, "rank %d (address '') evicted", info.rank);
+    assert_true(th_log_contains(&s, expect));
+    assert_true(th_log_contains(&s, "job finished: all workers completed 4 steps"));
+    char reason[512];
+    int code = 0;
+    assert_true(ts_member_shutdown_requested(rogue, &code, reason, sizeof reason));
+    assert_int_equal(code, 1);
+    snprintf(expect, sizeof expect, "rank %d evicted: kept heartbeating but did not reach worker "
+             "barrier 1", info.rank);
+    if (!strstr(reason, expect))
+        fail_msg("the evicted member was told '%s', not '%s'", reason, expect);
+    for (int i = 0; i < 2; i++)
+        ts_member_close(m[i]);
+    ts_member_close(rogue);
+    th_stop(&s);
+}
+
+typedef struct {
+    ts_member *m;
     void *data;
     size_t size;
     ts_status st;
@@ -176,6 +244,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(barrier_releases_when_all_arrive),
         cmocka_unit_test(barrier_timeout_names_missing_rank),
+        cmocka_unit_test(member_that_skips_barriers_is_evicted),
         cmocka_unit_test(blob_relay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
