@@ -2,15 +2,51 @@
 #include "worker/metrics.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/io/atomic.h"
+
 static bool bar_shown;
 
-FILE *ts_metrics_open(const char *run_dir, bool append) {
+/* The step a metrics.jsonl line is about ("step":N), or -1 when it names none. */
+static int64_t line_step(const char *line) {
+    const char *p = strstr(line, "\"step\":");
+    return p ? strtoll(p + 7, NULL, 10) : -1;
+}
+
+/* Rewrites path keeping only the lines of steps up to last (and lines that
+ * name no step); a missing file is fine. */
+static ts_status cut_after(const char *path, int64_t last) {
+    FILE *in = fopen(path, "r");
+    if (!in) return errno == ENOENT ? TS_OK : ts_error(TS_ERR_IO, "metrics: cannot read %s: %s", path, strerror(errno));
+    ts_io_atomic out;
+    ts_status s = ts_io_atomic_open(&out, path);
+    char *line = NULL;
+    size_t cap = 0;
+    int64_t dropped = 0;
+    while (!s && getline(&line, &cap, in) > 0) {
+        if (line_step(line) > last) dropped++;
+        else if (fputs(line, out.f) == EOF) s = ts_error(TS_ERR_IO, "metrics: cannot write %s: %s", out.tmp, strerror(errno));
+    }
+    free(line);
+    fclose(in);
+    if (s) {
+        if (out.f) ts_io_atomic_abort(&out);
+        return s;
+    }
+    if (dropped)
+        printf("metrics: %lld lines of steps after %lld (from the run that stopped) dropped from %s\n",
+               (long long)dropped, (long long)last, path);
+    return ts_io_atomic_commit(&out);
+}
+
+FILE *ts_metrics_open(const char *run_dir, int64_t resumed_step) {
     char path[1200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
-    FILE *f = fopen(path, append ? "a" : "w");
+    if (resumed_step > 0 && cut_after(path, resumed_step)) return NULL;
+    FILE *f = fopen(path, resumed_step > 0 ? "a" : "w");
     if (!f) ts_error(TS_ERR_IO, "metrics: cannot open %s: %s", path, strerror(errno));
     return f;
 }

@@ -9,8 +9,11 @@
 
 #include "worker/trainer.h"
 
-/* Opens <run_dir>/metrics.jsonl (appending when resuming). */
-FILE *ts_metrics_open(const char *run_dir, bool append);
+/* Opens <run_dir>/metrics.jsonl for a run that goes on after
+ * resumed_step: 0 starts the file afresh; k > 0 (resumed from step k's
+ * checkpoint) keeps the lines of steps up to k and appends, dropping the
+ * lines of later steps a stopped run wrote (they are run again). */
+FILE *ts_metrics_open(const char *run_dir, int64_t resumed_step);
 
 /* The run's header: job, model summary, data, steps. */
 void ts_metrics_banner(const ts_trainer *t);

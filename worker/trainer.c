@@ -199,7 +199,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     }
     if (!st) st = s->ops->attach(s);
     if (!st && run_dir && s->group.leader) {
-        t->metrics = ts_metrics_open(t->run_dir, t->step > 0);
+        t->metrics = ts_metrics_open(t->run_dir, t->step);
         if (!t->metrics) st = ts_last_status();
     }
     if (st) {

@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include "kernels/io/atomic.h"
 
 typedef struct {
     char **v;
@@ -67,11 +70,16 @@ static ts_status grow(uint8_t **buf, int64_t *cap, int64_t need) {
 
 /* Reads path and appends its head to train and its tail to val. */
 static ts_status add_file(ts_text_corpus *c, const char *path, double frac, int64_t caps[2]) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ts_error(TS_ERR_IO, "text %s: cannot open: %s", path, strerror(errno));
+    int fd;
+    ts_status s = ts_io_open_regular(path, "text", &fd);
+    if (s) return s;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return ts_error(TS_ERR_IO, "text %s: fdopen: %s", path, strerror(errno));
+    }
     uint8_t *buf = NULL;
     int64_t n = 0, cap = 0;
-    ts_status s = TS_OK;
     for (;;) {
         if ((s = grow(&buf, &cap, n + 65536))) break;
         size_t r = fread(buf + n, 1, 65536, f);

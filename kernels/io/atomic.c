@@ -1,4 +1,5 @@
-/* atomic.c - temp file + fsync + rename, folder fsync, tree removal. */
+/* atomic.c - temp file + fsync + rename, folder fsync, tree removal,
+ * opening regular files only. */
 #include "kernels/io/atomic.h"
 
 #include <errno.h>
@@ -7,6 +8,7 @@
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void atomic_free(ts_io_atomic *a) {
@@ -97,5 +99,39 @@ static int remove_entry(const char *p, const struct stat *sb, int flag, struct F
 ts_status ts_io_remove_tree(const char *dir) {
     if (nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
         return ts_error(TS_ERR_IO, "remove folder %s: %s", dir, strerror(errno));
+    return TS_OK;
+}
+
+/* "a character device", ... for a file mode that is not a regular file. */
+static const char *file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a folder";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a plain file";
+}
+
+ts_status ts_io_open_regular(const char *path, const char *what, int *fd) {
+    *fd = -1;
+    int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (f < 0) return ts_error(TS_ERR_IO, "%s %s: cannot open: %s", what, path, strerror(errno));
+    struct stat sb;
+    if (fstat(f, &sb) != 0) {
+        ts_status s = ts_error(TS_ERR_IO, "%s %s: fstat: %s", what, path, strerror(errno));
+        close(f);
+        return s;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(f);
+        return ts_error(TS_ERR_IO, "%s %s is not a regular file (%s)", what, path, file_kind(sb.st_mode));
+    }
+    int flags = fcntl(f, F_GETFL);
+    if (flags < 0 || fcntl(f, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        ts_status s = ts_error(TS_ERR_IO, "%s %s: fcntl: %s", what, path, strerror(errno));
+        close(f);
+        return s;
+    }
+    *fd = f;
     return TS_OK;
 }

@@ -4,8 +4,9 @@
  * writes through the FILE*, then ts_io_atomic_commit flushes, fsyncs,
  * renames the temp file onto the final name and fsyncs the folder, so a
  * reader sees either the old file or the complete new one, never a part.
- * ts_io_atomic_abort removes the temp file. Helpers for fsyncing a folder
- * and removing a folder tree live here too.
+ * ts_io_atomic_abort removes the temp file. Helpers for fsyncing a folder,
+ * removing a folder tree and opening a file to read only when it is a
+ * regular file live here too.
  */
 #ifndef TS_IO_ATOMIC_H
 #define TS_IO_ATOMIC_H
@@ -36,5 +37,13 @@ ts_status ts_io_fsync_dir(const char *dir);
 ts_status ts_io_fsync_parent(const char *path);
 /* Removes dir and everything under it (symlinks are removed, not followed). */
 ts_status ts_io_remove_tree(const char *dir);
+
+/* Opens path for reading (following symlinks) when it is a regular file:
+ * the open does not block (a FIFO without a writer would), and a device,
+ * FIFO, socket or folder is refused before anything is read ("<what> <path>
+ * is not a regular file (a character device)"), so /dev/zero cannot make a
+ * reader run forever. *fd is a blocking descriptor; an open failure is
+ * TS_ERR_IO "<what> <path>: cannot open: <errno text>". */
+ts_status ts_io_open_regular(const char *path, const char *what, int *fd);
 
 #endif

@@ -26,10 +26,24 @@ static ts_status join(char *out, const char *dir, const char *name) {
     return TS_OK;
 }
 
+/* Opens one of a checkpoint's files for reading: missing, or not a regular
+ * file (a symlink to /dev/zero, a FIFO), is refused before anything is read. */
+static ts_status open_part(const char *path, int *fd) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) return ts_error(TS_ERR_IO, "checkpoint: %s is missing: %s", path, strerror(errno));
+    return ts_io_open_regular(path, "checkpoint:", fd);
+}
+
 /* Size and CRC-32 of a file's contents. */
 static ts_status file_crc(const char *path, uint64_t *bytes, uint32_t *crc) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ts_error(TS_ERR_IO, "checkpoint: %s is missing: %s", path, strerror(errno));
+    int fd;
+    ts_status s = open_part(path, &fd);
+    if (s) return s;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return ts_error(TS_ERR_IO, "checkpoint: %s: fdopen: %s", path, strerror(errno));
+    }
     static _Thread_local unsigned char buf[1 << 16];
     uLong c = crc32(0L, Z_NULL, 0);
     uint64_t n = 0;
@@ -244,10 +258,11 @@ ts_checkpoint *ts_checkpoint_open(const char *step_dir) {
     char sp[PATH_CAP];
     json_error_t jerr;
     ts_status s = join(sp, step_dir, "state.json");
-    struct stat sb;
-    if (!s && stat(sp, &sb) != 0) s = ts_error(TS_ERR_IO, "checkpoint: %s is missing: %s", sp, strerror(errno));
-    if (!s && !(ck->state = json_load_file(sp, JSON_REJECT_DUPLICATES, &jerr)))
+    int fd = -1;
+    if (!s) s = open_part(sp, &fd);
+    if (!s && !(ck->state = json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr)))
         s = ts_error(TS_ERR_FORMAT, "checkpoint %s: invalid JSON at line %d: %s", sp, jerr.line, jerr.text);
+    if (fd >= 0) close(fd);
     if (!s && !json_is_object(ck->state)) s = ts_error(TS_ERR_FORMAT, "checkpoint %s: not a JSON object", sp);
     if (!s) s = read_state(ck, sp);
     if (!s) s = open_weights(ck, 0, sp, &ck->model);

@@ -287,14 +287,11 @@ static ts_status parse_header(ts_safetensors *st, const char *text, size_t len) 
 }
 
 ts_safetensors *ts_safetensors_open(const char *path) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        ts_error(TS_ERR_IO, "safetensors %s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
+    int fd;
+    if (ts_io_open_regular(path, "safetensors", &fd)) return NULL;
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        ts_error(TS_ERR_IO, "safetensors %s: not a regular file", path);
+    if (fstat(fd, &sb) != 0) {
+        ts_error(TS_ERR_IO, "safetensors %s: fstat: %s", path, strerror(errno));
         close(fd);
         return NULL;
     }

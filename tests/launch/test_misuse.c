@@ -1,0 +1,126 @@
+/* test_misuse.c - what a careless user does to tessera-run, against the real
+ * binary: checkpoint files that are not regular files, a resumed run's
+ * metrics. Every run
+ * goes through timeout(1), so a hang fails the test instead of stalling it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../test_util.h"
+
+/* A hung tessera-run is stopped after this long (timeout(1) exits 124). */
+#define HANG_S 120
+
+static char base[256];
+
+/* The small MLP job's flags: steps steps of batch 64, a checkpoint at the
+ * end, no evaluation during the run. */
+#define MLP_JOB "examples/mlp_fashion.json --set train.epochs=0 --set train.batch_size=64 " \
+                "--set train.checkpoint_every=1000 --set train.eval_every=0 --set train.eval_batches=2 " \
+                "--set schedule.warmup_steps=1"
+
+/* Runs "tessera-run ARGS" (printf-style) with its output in base/<tag>.log;
+ * returns the exit status and the log's text in log[cap]. */
+static int run(const char *tag, char *log, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int run(const char *tag, char *log, size_t cap, const char *fmt, ...) {
+    char args[2048], path[400], cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(path, sizeof path, "%s/%s.log", base, tag);
+    const char *bin = getenv("TESSERA_BIN_DIR");
+    snprintf(cmd, sizeof cmd, "timeout %d %s/tessera-run %s > %s 2>&1", HANG_S, bin ? bin : "build/bin",
+             args, path);
+    int status = system(cmd);
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    tu_read_back(f, log, cap);
+    return code;
+}
+
+/* Fails unless log contains needle, printing the log. */
+static void expect_text(const char *log, const char *needle) {
+    if (!strstr(log, needle)) fail_msg("expected \"%s\" in:\n%s", needle, log);
+}
+
+/* A checkpoint whose optim.safetensors is a symlink to /dev/zero, or whose
+ * model.safetensors is a FIFO: --eval and --resume refuse it naming the
+ * file, instead of reading forever (or waiting for a writer). */
+static void test_checkpoint_file_not_regular(void **state) {
+    (void)state;
+    char log[16384], dir[300], ck[400], part[500];
+    snprintf(dir, sizeof dir, "%s/ck", base);
+    assert_int_equal(run("ck-train", log, sizeof log, MLP_JOB " --set steps=4 --run-dir %s", dir), 0);
+    snprintf(ck, sizeof ck, "%s/checkpoints/step-4", dir);
+
+    snprintf(part, sizeof part, "%s/optim.safetensors", ck);
+    assert_int_equal(unlink(part), 0);
+    assert_int_equal(symlink("/dev/zero", part), 0);
+    assert_int_equal(run("ck-eval", log, sizeof log, "--eval %s", ck), 1);
+    expect_text(log, "optim.safetensors is not a regular file (a character device)");
+    assert_int_equal(run("ck-resume", log, sizeof log, MLP_JOB " --set steps=8 --run-dir %s --resume", dir), 1);
+    expect_text(log, "optim.safetensors is not a regular file (a character device)");
+
+    snprintf(part, sizeof part, "%s/model.safetensors", ck);
+    assert_int_equal(unlink(part), 0);
+    assert_int_equal(mkfifo(part, 0600), 0);
+    assert_int_equal(run("ck-fifo", log, sizeof log, "--eval %s", ck), 1);
+    expect_text(log, "model.safetensors is not a regular file (a FIFO)");
+}
+
+/* Lines of kind in run_dir/metrics.jsonl per step (count[0..max]). */
+static void count_lines(const char *run_dir, const char *kind, int *count, int max) {
+    char path[512], line[1024], want[64];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    snprintf(want, sizeof want, "{\"kind\":\"%s\"", kind);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    while (fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "\"step\":");
+        int step = p ? atoi(p + 7) : -1;
+        if (strncmp(line, want, strlen(want)) == 0 && step >= 0 && step <= max) count[step]++;
+    }
+    fclose(f);
+}
+
+/* A run stopped after step 20 whose last checkpoint is step 16 (the final
+ * one never written) and then resumed: metrics.jsonl holds every step once,
+ * the steps 17..20 of the stopped run are cut back. */
+static void test_resume_keeps_each_step_once(void **state) {
+    (void)state;
+    char log[16384], dir[300], ck[400];
+    snprintf(dir, sizeof dir, "%s/metrics", base);
+    const char *job = MLP_JOB " --set steps=20 --set train.checkpoint_every=8 --set train.log_every=1";
+    assert_int_equal(run("metrics-first", log, sizeof log, "%s --run-dir %s", job, dir), 0);
+    snprintf(ck, sizeof ck, "%s/checkpoints/step-20", dir);
+    assert_int_equal(ts_io_remove_tree(ck), TS_OK);
+    assert_int_equal(run("metrics-resumed", log, sizeof log, "%s --run-dir %s --resume", job, dir), 0);
+    expect_text(log, "resumed at step 16");
+    int steps[21] = {0}, evals[21] = {0};
+    count_lines(dir, "step", steps, 20);
+    count_lines(dir, "eval", evals, 20);
+    for (int s = 1; s <= 20; s++)
+        if (steps[s] != 1) fail_msg("metrics.jsonl has %d lines for step %d", steps[s], s);
+    assert_int_equal(evals[20], 2); /* the final validation and test evaluations */
+}
+
+int main(void) {
+    if (tu_make_tmp_dir(base, sizeof base, "tessera-misuse")) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_checkpoint_file_not_regular),
+        cmocka_unit_test(test_resume_keeps_each_step_once),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (rc == 0) tu_remove_dir(base);
+    return rc;
+}
