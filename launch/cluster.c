@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "launch/netsim.h"
 #include "launch/supervise.h"
 #include "proto/secure.h"
 
@@ -30,6 +31,7 @@ typedef struct {
     int rank;         /* rank the scheduler assigned, -1 unknown */
     ts_child *child;  /* current process, NULL when none */
     int finished;     /* exited with status 0 */
+    int node;         /* virtual-cluster node it runs on, -1 this machine */
 } slot;
 
 typedef struct {
@@ -43,6 +45,7 @@ typedef struct {
     char addr[TS_PROTO_ADDR_MAX + 1];
     slot sched;
     slot *ps, *workers;
+    ts_netsim *netsim;  /* the virtual cluster (TESSERA_NETSIM), or NULL */
     int restarts_used;
     phase phase;
     int stop_signal;  /* sent to the children when stopping */
@@ -123,6 +126,34 @@ static void fail_node(cluster *cl, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* " on n<i>" for a process placed on a virtual-cluster node, else "". */
+static const char *where(const slot *sl, char *buf, size_t cap) {
+    if (sl->node < 0) return "";
+    snprintf(buf, cap, " on n%d", sl->node);
+    return buf;
+}
+
+/* Starts prog with args (NULL-terminated) as slot sl's process: directly, or
+ * on its node through "tessera-netsim exec". NULL with a message on failure. */
+static ts_child *spawn_slot(cluster *cl, slot *sl, const char *prog,
+                            char *const *args) {
+    if (sl->node < 0) return ts_super_spawn(&cl->super, sl->role, sl->rank, prog, args);
+    ts_argv a = {0};
+    ts_argv_push(&a, "--name");
+    ts_argv_push(&a, cl->netsim->name);
+    ts_argv_push(&a, "exec");
+    ts_argv_pushf(&a, "n%d", sl->node);
+    ts_argv_pushf(&a, "%s/%s", cl->super.bin_dir, prog);
+    for (int i = 0; args[i]; i++) ts_argv_push(&a, args[i]);
+    ts_child *c = NULL;
+    if (ts_argv_ok(&a))
+        c = ts_super_spawn(&cl->super, sl->role, sl->rank, "tessera-netsim", a.v);
+    else
+        ts_error(TS_ERR_MEMORY, "tessera-run: out of memory");
+    ts_argv_free(&a);
+    return c;
+}
+
 /* Starts (or restarts) the ps or worker of slot sl. */
 static void spawn_node(cluster *cl, slot *sl) {
     ts_argv a = {0};
@@ -130,21 +161,25 @@ static void spawn_node(cluster *cl, slot *sl) {
                          cl->o->sets, cl->o->nsets);
     ts_argv_push(&a, "--run-dir");
     ts_argv_push(&a, cl->run_dir);
+    if (sl->node >= 0) /* it binds its own node's address */
+        ts_argv_pushf(&a, "--set=parallel.bind=%s", cl->netsim->addr[sl->node]);
     if (sl->rank >= 0) ts_argv_pushf(&a, "--rank=%d", sl->rank);
     ts_child *c = NULL;
     if (ts_argv_ok(&a)) {
         const char *prog = sl->role == TS_ROLE_PS ? "tessera-ps" : "tessera-worker";
-        c = ts_super_spawn(&cl->super, sl->role, sl->rank, prog, a.v);
+        c = spawn_slot(cl, sl, prog, a.v);
     } else {
         ts_error(TS_ERR_MEMORY, "tessera-run: out of memory");
     }
     ts_argv_free(&a);
     sl->child = c;
     if (c) {
+        char on[32];
         c->user = sl;
         if (sl->rank >= 0)
-            fprintf(stderr, "[run] %s %d: restarted as pid %d\n",
-                    ts_proto_role_name(sl->role), sl->rank, c->proc.pid);
+            fprintf(stderr, "[run] %s %d: restarted as pid %d%s\n",
+                    ts_proto_role_name(sl->role), sl->rank, c->proc.pid,
+                    where(sl, on, sizeof on));
     } else {
         fail(cl, 1, "%s", ts_last_error());
     }
@@ -190,9 +225,10 @@ static int on_line(ts_child *c, const char *line) {
     } else if (sl) {
         int rank;
         if (sscanf(line, "joined rank=%d", &rank) == 1 && rank >= 0) {
+            char on[32];
             c->rank = sl->rank = rank;
-            fprintf(stderr, "[run] %s rank %d is pid %d\n", ts_proto_role_name(c->role),
-                    rank, c->proc.pid);
+            fprintf(stderr, "[run] %s rank %d is pid %d%s\n", ts_proto_role_name(c->role),
+                    rank, c->proc.pid, where(sl, on, sizeof on));
         }
     }
     return 1;
@@ -322,13 +358,46 @@ static ts_status make_run_dir(cluster *cl) {
                     strerror(errno));
 }
 
-/* Run folder, resolved job.json, key file. */
+/* With TESSERA_NETSIM set: loads the virtual cluster and puts every slot
+ * on its node (and says where). */
+static ts_status place(cluster *cl) {
+    const ts_job_parallel *p = &cl->o->job.parallel;
+    const char *name = getenv("TESSERA_NETSIM");
+    if (!name || !name[0]) {
+        if (p->placement.n > 0)
+            return ts_error(TS_ERR_VALUE, "parallel.placement: needs a virtual "
+                            "cluster (TESSERA_NETSIM, see tessera-netsim run)");
+        return TS_OK;
+    }
+    cl->netsim = malloc(sizeof *cl->netsim);
+    if (!cl->netsim) return ts_error(TS_ERR_MEMORY, "tessera-run: out of memory");
+    ts_status st = ts_netsim_load(name, &p->placement, cl->netsim);
+    if (st != TS_OK) return st;
+    int k = 0;
+    cl->sched.node = ts_netsim_node(cl->netsim, &p->placement, k++);
+    fprintf(stderr, "[run] on virtual cluster %s (%d nodes): scheduler n%d", name,
+            cl->netsim->n, cl->sched.node);
+    for (int i = 0; i < p->servers; i++) {
+        cl->ps[i].node = ts_netsim_node(cl->netsim, &p->placement, k++);
+        fprintf(stderr, "%s n%d", i ? "" : ", ps", cl->ps[i].node);
+    }
+    for (int i = 0; i < p->workers; i++) {
+        cl->workers[i].node = ts_netsim_node(cl->netsim, &p->placement, k++);
+        fprintf(stderr, "%s n%d", i ? "" : ", workers", cl->workers[i].node);
+    }
+    fprintf(stderr, "\n");
+    return TS_OK;
+}
+
+/* Run folder, resolved job.json, key file, placement. */
 static ts_status prepare(cluster *cl) {
     const ts_job *job = &cl->o->job;
+    ts_status st = place(cl);
+    if (st != TS_OK) return st;
     if (!realpath(cl->o->job_path, cl->job_path))
         return ts_error(TS_ERR_IO, "tessera-run: %s: %s", cl->o->job_path,
                         strerror(errno));
-    ts_status st = make_run_dir(cl);
+    st = make_run_dir(cl);
     if (st != TS_OK) return st;
 
     char path[PATH_MAX + 32];
@@ -354,20 +423,22 @@ static ts_status prepare(cluster *cl) {
 /* Starts the scheduler child. */
 static ts_status start_scheduler(cluster *cl) {
     ts_argv a = {0};
-    char endpoint[TS_JOB_BIND_MAX + 16];
-    snprintf(endpoint, sizeof endpoint, "tcp://%s:0", cl->o->job.parallel.bind);
+    char endpoint[TS_JOB_BIND_MAX + 16], on[32];
+    snprintf(endpoint, sizeof endpoint, "tcp://%s:0",
+             cl->sched.node >= 0 ? cl->netsim->addr[cl->sched.node]
+                                 : cl->o->job.parallel.bind);
     ts_cluster_scheduler_args(&a, &cl->o->job, endpoint, cl->key_file);
     if (!ts_argv_ok(&a)) {
         ts_argv_free(&a);
         return ts_error(TS_ERR_MEMORY, "tessera-run: out of memory");
     }
-    ts_child *c = ts_super_spawn(&cl->super, TS_ROLE_SCHEDULER, -1,
-                                 "tessera-scheduler", a.v);
+    ts_child *c = spawn_slot(cl, &cl->sched, "tessera-scheduler", a.v);
     ts_argv_free(&a);
     if (!c) return ts_last_status();
     c->user = &cl->sched;
     cl->sched.child = c;
-    fprintf(stderr, "[run] scheduler is pid %d\n", c->proc.pid);
+    fprintf(stderr, "[run] scheduler is pid %d%s\n", c->proc.pid,
+            where(&cl->sched, on, sizeof on));
     uv_timer_start(&cl->startup_timer, startup_expired, STARTUP_TIMEOUT_MS, 0);
     return TS_OK;
 }
@@ -386,9 +457,10 @@ int ts_cluster_run(const ts_cluster_opts *o) {
     cl->stop_signal = SIGTERM;
     cl->ps = slots;
     cl->workers = slots + p->servers;
-    cl->sched = (slot){TS_ROLE_SCHEDULER, -1, NULL, 0};
-    for (int i = 0; i < p->servers; i++) cl->ps[i] = (slot){TS_ROLE_PS, -1, NULL, 0};
-    for (int i = 0; i < p->workers; i++) cl->workers[i] = (slot){TS_ROLE_WORKER, -1, NULL, 0};
+    cl->sched = (slot){TS_ROLE_SCHEDULER, -1, NULL, 0, -1};
+    for (int i = 0; i < p->servers; i++) cl->ps[i] = (slot){TS_ROLE_PS, -1, NULL, 0, -1};
+    for (int i = 0; i < p->workers; i++)
+        cl->workers[i] = (slot){TS_ROLE_WORKER, -1, NULL, 0, -1};
 
     int code = 1;
     ts_status st = prepare(cl);
@@ -438,6 +510,7 @@ int ts_cluster_run(const ts_cluster_opts *o) {
         code = 0;
     }
 out:
+    free(cl->netsim);
     free(slots);
     free(cl);
     return code;

@@ -74,6 +74,7 @@ static const field parallel_fields[] = {
     INT_FIELD("join_timeout_ms", parallel.join_timeout_ms, "60000", 1, 86400000),
     STRING_FIELD("bind", parallel.bind, "\"127.0.0.1\"", 1, NULL),
     STRING_FIELD("key_file", parallel.key_file, "\"\"", 0, NULL),
+    INTS_FIELD("placement", parallel.placement, "[]", 0, 255),
     {0},
 };
 

@@ -28,6 +28,12 @@ typedef enum {
 
 enum { TS_JOB_NAME_MAX = 64, TS_JOB_BIND_MAX = 256, TS_JOB_PATH_MAX = 1024 };
 
+/* A list of up to 8 integers (e.g. MLP hidden widths). */
+typedef struct {
+    int n;
+    int64_t v[8];
+} ts_job_ints;
+
 typedef struct {
     ts_job_strategy strategy;
     int workers;              /* workers started by tessera-run */
@@ -41,6 +47,8 @@ typedef struct {
     int join_timeout_ms;      /* a node waits this long to be admitted */
     char bind[TS_JOB_BIND_MAX];         /* host/interface to bind */
     char key_file[TS_JOB_PATH_MAX];     /* "" = tessera-run generates one */
+    ts_job_ints placement;    /* virtual-cluster node of the scheduler, each ps,
+                                 each worker (cycled); empty = round robin */
 } ts_job_parallel;
 
 /* Strategy "standin" (worker/strategy_standin.c): workers train their own
@@ -48,12 +56,6 @@ typedef struct {
 typedef struct {
     int step_ms; /* shortest step: the worker sleeps the rest of it */
 } ts_job_standin;
-
-/* A list of up to 8 integers (e.g. MLP hidden widths). */
-typedef struct {
-    int n;
-    int64_t v[8];
-} ts_job_ints;
 
 /* The model to train. */
 typedef enum { TS_JOB_MLP, TS_JOB_CNN, TS_JOB_GPT } ts_job_arch;

@@ -116,6 +116,25 @@ static void test_errors_name_the_field(void **state) {
     expect_error("{\"steps\": ", NULL, 0, "JSON error at line 1");
 }
 
+/* parallel.placement: node indices of a virtual cluster, empty by default. */
+static void test_placement(void **state) {
+    (void)state;
+    ts_job job;
+    assert_int_equal(ts_job_parse("{}", NULL, 0, &job), TS_OK);
+    assert_int_equal(job.parallel.placement.n, 0);
+    const char *sets[] = {"parallel.placement=[0, 3, 255]"};
+    assert_int_equal(ts_job_parse("{}", sets, 1, &job), TS_OK);
+    assert_int_equal(job.parallel.placement.n, 3);
+    assert_int_equal(job.parallel.placement.v[1], 3);
+    assert_int_equal(job.parallel.placement.v[2], 255);
+    expect_error("{\"parallel\": {\"placement\": [0, 256]}}", NULL, 0,
+                 "parallel.placement[1]: 256 out of range [0, 255]");
+    expect_error("{\"parallel\": {\"placement\": [\"n1\"]}}", NULL, 0,
+                 "parallel.placement[0]: expected integer, got string");
+    expect_error("{\"parallel\": {\"placement\": 1}}", NULL, 0,
+                 "parallel.placement: expected array, got integer");
+}
+
 static void test_override_errors(void **state) {
     (void)state;
     const char *noeq[] = {"parallel.workers"};
@@ -215,6 +234,7 @@ int main(void) {
         cmocka_unit_test(test_full_section),
         cmocka_unit_test(test_overrides),
         cmocka_unit_test(test_errors_name_the_field),
+        cmocka_unit_test(test_placement),
         cmocka_unit_test(test_override_errors),
         cmocka_unit_test(test_load_file_and_round_trip),
         cmocka_unit_test(test_node_args),

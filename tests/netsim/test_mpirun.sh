@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# mpirun across 4 nodes (started from n0, ranks on the others through
+# "tessera-netsim rsh"): the stand-in job of examples/standin.json (1
+# scheduler, 2 ps, 4 workers = 7 ranks) runs to completion over the nodes'
+# links, and each rank reports the node it ran on and that node's address.
+. "$(dirname "$0")/lib.sh"
+command -v mpirun > /dev/null || skip "mpirun not found (Debian's openmpi-bin)"
+env_text=$("$BIN/tessera-run" --env 2>&1 || true)
+grep -q "MPI on" <<< "$env_text" || skip "tessera-run built without MPI"
+netsim_init mpirun
+
+ns up --nodes 4 --rate 1gbit
+# every rank prints "rank R on HOST ADDRESSES" (the addresses of its node's
+# interfaces), then becomes tessera-run --mpi; the scheduler binds every
+# interface of n0 and names itself by host name (tcp://n0:PORT)
+report='echo "rank $OMPI_COMM_WORLD_RANK on $(hostname) $(hostname -I)"; exec "$0" "$@"'
+rc=0
+timeout 120 "$NETSIM" --name "$NAME" mpirun -np 7 sh -c "$report" "$BIN/tessera-run" \
+    --mpi "$SRC/examples/standin.json" --set parallel.bind=0.0.0.0 > "$TMP/mpirun.out" 2>&1 ||
+    rc=$?
+[ $rc -eq 0 ] || { cat "$TMP/mpirun.out" >&2; fail "mpirun exited with status $rc"; }
+
+nodes_seen=""
+for r in 0 1 2 3 4 5 6; do
+    line=$(grep "^rank $r on " "$TMP/mpirun.out") || fail "rank $r did not report"
+    read -r _ _ _ host addr rest <<< "$line"
+    [[ $host =~ ^n([0-3])$ ]] || fail "rank $r ran on host '$host', not a node"
+    [ "$addr" = "10.77.0.$((BASH_REMATCH[1] + 1))" ] && [ -z "$rest" ] ||
+        fail "rank $r on $host reports addresses '$addr $rest'"
+    echo "rank $r on $host ($addr)"
+    nodes_seen+=" $host"
+done
+[ "$(tr ' ' '\n' <<< "$nodes_seen" | sort -u | grep -c .)" -eq 4 ] ||
+    fail "the ranks ran on$nodes_seen, not on all 4 nodes"
+grep -q "^listening tcp://n0:" "$TMP/mpirun.out" || fail "the scheduler is not on n0"
+[ "$(grep -c "step 50 world 4 " "$TMP/mpirun.out")" -eq 4 ] ||
+    { cat "$TMP/mpirun.out" >&2; fail "not 4 workers at step 50"; }
+[ "$(grep -c "shutdown (code 0)" "$TMP/mpirun.out")" -eq 6 ] ||
+    { cat "$TMP/mpirun.out" >&2; fail "not 2 ps + 4 workers shut down with code 0"; }
+echo "PASS"
