@@ -6,7 +6,7 @@ PACKAGES=(
   build-essential cmake pkg-config clang libclang-rt-14-dev libomp-dev
   libopenblas-dev zlib1g-dev libjansson-dev
   libzmq3-dev libmsgpack-dev libuv1-dev libcmocka-dev
-  libopenmpi-dev openmpi-bin
+  libopenmpi-dev openmpi-bin iproute2
   python3-torch gnuplot-nox
   dataset-fashion-mnist fortunes
 )
