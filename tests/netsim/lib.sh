@@ -52,10 +52,21 @@ cleanup() {
     exit $rc
 }
 
+# Takes down the clusters of netsim tests that no longer run ("t<pid>-..."
+# of a dead pid: a test killed before its cleanup could run).
+sweep_dead_tests() {
+    local c
+    for c in $("$NETSIM" list); do
+        [[ $c =~ ^t([0-9]+)- ]] || continue
+        kill -0 "${BASH_REMATCH[1]}" 2> /dev/null || "$NETSIM" --name "$c" down || true
+    done
+}
+
 # Checks the rights, names this test's cluster NAME (unique per process)
 # and a temporary folder TMP, and installs the cleanup.
 netsim_init() {
     netsim_require
+    sweep_dead_tests
     NAME="t$$-$1"
     CLUSTERS+=("$NAME")
     TMP=$(mktemp -d "/tmp/tessera-netsim-$1.XXXXXX")
