@@ -72,6 +72,9 @@ netsim_init() {
     TMP=$(mktemp -d "/tmp/tessera-netsim-$1.XXXXXX")
     trap cleanup EXIT
     trap 'exit 130' INT TERM
+    # a command that fails outside a check still says where
+    set -E
+    trap 'echo "FAIL: ${BASH_SOURCE[0]##*/} line $LINENO: $BASH_COMMAND (status $?)" >&2' ERR
 }
 
 # tessera-netsim on this test's cluster.

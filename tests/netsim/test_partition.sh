@@ -31,8 +31,9 @@ echo "declared dead $dt ms after the cut"
 
 # the job goes on without it
 wait_for "$out" "world size 4 -> 3 workers" 10
+wait_re "$out" "\] step [0-9]+ world 3 " 30
 step=$(grep -o "] step [0-9]* world 3 " "$out" | tail -1 | awk '{print $3}')
-wait_for "$out" "] step $((${step:-0} + 20)) world 3 " 30
+wait_for "$out" "] step $((step + 20)) world 3 " 30
 
 # the cut worker fails, is restarted on n3, and cannot join while cut
 wait_re "$out" "^\[run\] worker $rank exited with (status|signal)" 30

@@ -18,7 +18,7 @@ check_nodes() {
         [[ $line =~ is\ pid\ ([0-9]+)\ on\ n([0-9]+)$ ]] || continue
         pid=${BASH_REMATCH[1]}
         node=${BASH_REMATCH[2]}
-        got=$(ip netns identify "$pid")
+        got=$(ip netns identify "$pid" 2>&1 || true)
         [ "$got" = "$NAME-n$node" ] || fail "$line: pid $pid is in namespace '$got'"
         n=$((n + 1))
     done < <(grep '^\[run\] .* is pid ' "$out")
