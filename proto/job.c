@@ -7,11 +7,18 @@
  */
 #include "proto/job.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <limits.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "kernels/io/atomic.h"
 
 typedef enum {
     FIELD_INT,     /* int, bounded by [min, max] */
@@ -197,6 +204,22 @@ static void list_keys(const field *table, const char *const *names, char *out,
     }
 }
 
+/* An integer field given as a real (1e3, or 1e20 from --set): a whole
+ * number in range is stored, else "out of range" or "expected integer". */
+static ts_status store_integral_real(const field *f, double x, const char *path, char *dst) {
+    if (x != floor(x))
+        return ts_error(TS_ERR_FORMAT, "%s: expected integer, got real %g", path, x);
+    /* (double)max + 1 is exact where (double)max may round up (INT64_MAX) */
+    if (x < (double)f->min || x >= (double)f->max + 1.0)
+        return ts_error(TS_ERR_VALUE, "%s: %g out of range [%lld, %lld]", path, x, f->min,
+                        f->max);
+    if (f->kind == FIELD_INT)
+        *(int *)dst = (int)x;
+    else
+        *(int64_t *)dst = (int64_t)x;
+    return TS_OK;
+}
+
 /* Stores leaf value v (already known present) of field f into job. */
 static ts_status store_leaf(const field *f, const json_t *v, const char *path,
                             ts_job *job) {
@@ -204,6 +227,7 @@ static ts_status store_leaf(const field *f, const json_t *v, const char *path,
     switch (f->kind) {
     case FIELD_INT:
     case FIELD_INT64: {
+        if (json_is_real(v)) return store_integral_real(f, json_real_value(v), path, dst);
         if (!json_is_integer(v))
             return ts_error(TS_ERR_FORMAT, "%s: expected integer, got %s", path,
                             type_name(v));
@@ -379,6 +403,27 @@ static ts_status finish_job(ts_job *job) {
     return TS_OK;
 }
 
+/* True when text is written like a JSON number: sign, digits, fraction,
+ * exponent and nothing else. */
+static bool is_number_text(const char *text) {
+    const char *p = text;
+    if (*p == '-') p++;
+    if (!isdigit((unsigned char)*p)) return false;
+    while (isdigit((unsigned char)*p)) p++;
+    if (*p == '.') {
+        p++;
+        if (!isdigit((unsigned char)*p)) return false;
+        while (isdigit((unsigned char)*p)) p++;
+    }
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        if (*p == '+' || *p == '-') p++;
+        if (!isdigit((unsigned char)*p)) return false;
+        while (isdigit((unsigned char)*p)) p++;
+    }
+    return *p == '\0';
+}
+
 ts_status ts_job_set(json_t *doc, const char *assignment) {
     const char *eq = strchr(assignment, '=');
     if (!eq || eq == assignment)
@@ -414,6 +459,16 @@ ts_status ts_job_set(json_t *doc, const char *assignment) {
         seg = dot + 1;
     }
     json_t *value = json_loads(eq + 1, JSON_DECODE_ANY, NULL);
+    if (!value && is_number_text(eq + 1)) {
+        /* a number JSON cannot hold: an integer beyond 64 bits is kept as a
+         * real (the field judges its range), beyond a double is refused */
+        errno = 0;
+        double x = strtod(eq + 1, NULL);
+        if (errno == ERANGE || !isfinite(x))
+            return ts_error(TS_ERR_VALUE, "%.*s: %s out of range (beyond a double)", (int)plen,
+                            assignment, eq + 1);
+        value = json_real(x);
+    }
     if (!value) value = json_string(eq + 1);
     if (!value || json_object_set_new(obj, seg, value) != 0)
         return ts_error(TS_ERR_VALUE, "--set %s: value is not valid UTF-8",
@@ -450,12 +505,16 @@ ts_status ts_job_parse(const char *text, const char *const *sets, int nsets,
 
 ts_status ts_job_load(const char *path, const char *const *sets, int nsets,
                       ts_job *job) {
+    int fd;
+    ts_status st = ts_io_open_regular(path, "job file", &fd);
+    if (st != TS_OK) return st;
     json_error_t err;
-    json_t *doc = json_load_file(path, 0, &err);
+    json_t *doc = json_loadfd(fd, 0, &err);
+    close(fd);
     if (!doc)
-        return ts_error(TS_ERR_FORMAT, "%s: line %d column %d: %s", path,
+        return ts_error(TS_ERR_FORMAT, "job file %s: line %d column %d: %s", path,
                         err.line, err.column, err.text);
-    ts_status st = job_from_doc(doc, sets, nsets, job);
+    st = job_from_doc(doc, sets, nsets, job);
     json_decref(doc);
     if (st != TS_OK) {
         char msg[1024];

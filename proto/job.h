@@ -2,12 +2,13 @@
  *
  * A job is a JSON file. ts_job_load() reads it with jansson, applies
  * "--set key.path=value" overrides to the document (value parsed as JSON when
- * it parses, else taken as a string), fills defaults for missing fields and
- * validates strictly against one schema table: an unknown field, an ill-typed
- * field or a value out of range is an error naming the dotted field path,
- * e.g. "parallel.workers: expected integer, got string". Sections are table
- * entries (job.c); later sections (model, data, optimizer, ...) are added
- * there. Unknown top-level sections are errors.
+ * it parses; a number JSON cannot hold is out of range when beyond a double,
+ * else kept as a real; anything else is a string), fills defaults for missing
+ * fields and validates strictly against one schema table: an unknown field,
+ * an ill-typed field or a value out of range is an error naming the dotted
+ * field path, e.g. "parallel.workers: expected integer, got string".
+ * Sections are table entries (job.c); later sections (model, data,
+ * optimizer, ...) are added there. Unknown top-level sections are errors.
  *
  * A ts_job owns no heap memory: copy it, drop it, no free needed.
  */
@@ -126,7 +127,8 @@ typedef struct {
 
 /* Reads the job file at path, applies the nsets overrides ("a.b=value") in
  * order, fills defaults and validates into *job. On failure *job is
- * unspecified and the message names the file and the field. */
+ * unspecified and the message names the file and the field; a path that
+ * is missing or not a regular file is refused as such before parsing. */
 ts_status ts_job_load(const char *path, const char *const *sets, int nsets,
                       ts_job *job);
 
@@ -135,7 +137,8 @@ ts_status ts_job_parse(const char *text, const char *const *sets, int nsets,
                        ts_job *job);
 
 /* Applies one "a.b.c=value" override to doc (an object), creating missing
- * intermediate objects. Does not validate the field name. */
+ * intermediate objects. Does not validate the field name. An integer field
+ * takes a whole real (1e3); a real outside its range is "out of range". */
 ts_status ts_job_set(json_t *doc, const char *assignment);
 
 /* The job as a complete JSON object (every field, defaults included), new

@@ -82,6 +82,15 @@ static ts_status load_text(ts_trainer *t) {
     return t->train_set && t->val_set ? TS_OK : ts_last_status();
 }
 
+/* Prefixes the last data error with the job fields that shape the data. */
+static ts_status data_error(const ts_job *job) {
+    char block[64] = "";
+    if (job->model.arch == TS_JOB_GPT) snprintf(block, sizeof block, ", model.block_size %d", job->model.block_size);
+    return ts_error(ts_last_status(), "data.path %s, data.val_fraction %g, train.batch_size %lld%s: %s",
+                    job->data.path[0] ? job->data.path : "(default)", job->data.val_fraction,
+                    (long long)job->train.batch_size, block, ts_last_error());
+}
+
 /* ---- setup ---- */
 
 /* Optimizer config, schedule and weight-decay groups from the job. */
@@ -161,7 +170,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     int first = 0, end = -1;
     ts_status st = ts_trainer_spec(job, &t->spec);
     if (!st) st = s->ops->units(s, &t->spec, &first, &end);
-    if (!st) st = job->data.kind == TS_JOB_FASHION_MNIST ? load_images(t) : load_text(t);
+    if (!st && (job->data.kind == TS_JOB_FASHION_MNIST ? load_images(t) : load_text(t))) st = data_error(job);
     if (!st) {
         ts_loader_config lc = {.batch_size = job->train.batch_size,
                                .shuffle = job->data.shuffle,
@@ -171,7 +180,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
                                .world = s->group.world,
                                .prefetch = job->data.prefetch};
         t->loader = ts_loader_create(t->train_set, &lc);
-        if (!t->loader) st = ts_last_status();
+        if (!t->loader) st = data_error(job);
         t->shard = s->group;
     }
     if (!st) {

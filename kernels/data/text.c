@@ -174,8 +174,8 @@ ts_dataset *ts_text_dataset(const ts_text_corpus *c, bool validation, int64_t T,
     int64_t n = validation ? c->n_val : c->n_train;
     if (stride <= 0) stride = T;
     if (T < 1 || n < T + 1) {
-        ts_error(TS_ERR_VALUE, "text dataset: the %s part has %lld bytes, too few for windows of T+1 = %lld", part,
-                 (long long)n, (long long)T + 1);
+        ts_error(TS_ERR_VALUE, "text dataset: the %s part has %lld bytes, too few for windows of T+1 = %lld (the "
+                 "corpus has %lld bytes)", part, (long long)n, (long long)T + 1, (long long)(c->n_train + c->n_val));
         return NULL;
     }
     ts_dataset *d = calloc(1, sizeof *d);

@@ -1,6 +1,6 @@
 /* test_misuse.c - what a careless user does to tessera-run, against the real
  * binary: checkpoint files that are not regular files, a resumed run's
- * metrics. Every run
+ * metrics, messages that must name the file or field. Every run
  * goes through timeout(1), so a hang fails the test instead of stalling it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -114,11 +114,50 @@ static void test_resume_keeps_each_step_once(void **state) {
     assert_int_equal(evals[20], 2); /* the final validation and test evaluations */
 }
 
+/* Messages that name the file or the field (issue 11, item 8). */
+static void test_messages_name_the_thing(void **state) {
+    (void)state;
+    char log[16384], path[400];
+    assert_int_equal(run("msg-missing", log, sizeof log, "%s/no-such-job.json", base), 2);
+    snprintf(path, sizeof path, "job file %s/no-such-job.json: cannot open: No such file", base);
+    expect_text(log, path);
+
+    assert_int_equal(run("msg-folder", log, sizeof log, "%s", base), 2);
+    snprintf(path, sizeof path, "job file %s is not a regular file (a folder)", base);
+    expect_text(log, path);
+
+    assert_int_equal(run("msg-lr", log, sizeof log, MLP_JOB " --set optimizer.lr=1e999"), 2);
+    expect_text(log, "optimizer.lr: 1e999 out of range");
+    assert_int_equal(run("msg-steps", log, sizeof log, MLP_JOB " --set steps=1e20"), 2);
+    expect_text(log, "steps: 1e+20 out of range [0, 9223372036854775807]");
+    assert_int_equal(run("msg-steps-int", log, sizeof log, MLP_JOB " --set steps=100000000000000000000"), 2);
+    expect_text(log, "steps: 1e+20 out of range [0, 9223372036854775807]");
+
+    char run_dir[300];
+    snprintf(run_dir, sizeof run_dir, "%s/msg-run", base);
+    assert_int_equal(run("msg-val", log, sizeof log, MLP_JOB " --set steps=4 --set data.val_fraction=0.99999 "
+                         "--run-dir %s", run_dir), 1);
+    expect_text(log, "data.val_fraction 0.99999");
+
+    snprintf(path, sizeof path, "%s/short.txt", base);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("a corpus shorter than a block\n", f);
+    fclose(f);
+    assert_int_equal(run("msg-short", log, sizeof log, "examples/gpt_fortunes.json --set data.path=%s "
+                         "--set model.block_size=64 --run-dir %s", path, run_dir), 1);
+    char want[500];
+    snprintf(want, sizeof want, "data.path %s,", path);
+    expect_text(log, want);
+    expect_text(log, "model.block_size 64");
+}
+
 int main(void) {
     if (tu_make_tmp_dir(base, sizeof base, "tessera-misuse")) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpoint_file_not_regular),
         cmocka_unit_test(test_resume_keeps_each_step_once),
+        cmocka_unit_test(test_messages_name_the_thing),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0) tu_remove_dir(base);

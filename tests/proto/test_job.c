@@ -149,6 +149,27 @@ static void test_override_errors(void **state) {
     expect_error("{}", unknown, 1, "parallel.nope: unknown field");
 }
 
+/* Numbers JSON cannot hold are "out of range" naming the field, not strings;
+ * a whole number written as a real fits an integer field. */
+static void test_override_numbers(void **state) {
+    (void)state;
+    const char *lr[] = {"optimizer.lr=1e999"};
+    expect_error("{}", lr, 1, "optimizer.lr: 1e999 out of range");
+    const char *steps[] = {"steps=1e20"};
+    expect_error("{}", steps, 1, "steps: 1e+20 out of range [0, 9223372036854775807]");
+    const char *big[] = {"steps=100000000000000000000"};
+    expect_error("{}", big, 1, "steps: 1e+20 out of range [0, 9223372036854775807]");
+    const char *edge[] = {"steps=9223372036854775808.0"};
+    expect_error("{}", edge, 1, "out of range");
+    const char *half[] = {"steps=2.5"};
+    expect_error("{}", half, 1, "steps: expected integer, got real 2.5");
+    ts_job job;
+    const char *whole[] = {"steps=1e3", "data.path=1e999x"};
+    assert_int_equal(ts_job_parse("{}", whole, 2, &job), TS_OK);
+    assert_int_equal(job.steps, 1000);
+    assert_string_equal(job.data.path, "1e999x"); /* not a number: a string */
+}
+
 static void test_load_file_and_round_trip(void **state) {
     (void)state;
     char path[] = "/tmp/test_job_XXXXXX";
@@ -236,6 +257,7 @@ int main(void) {
         cmocka_unit_test(test_errors_name_the_field),
         cmocka_unit_test(test_placement),
         cmocka_unit_test(test_override_errors),
+        cmocka_unit_test(test_override_numbers),
         cmocka_unit_test(test_load_file_and_round_trip),
         cmocka_unit_test(test_node_args),
     };
