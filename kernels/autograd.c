@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/ops/reduce.h"
+#include "kernels/ops/view.h"
+
 static _Thread_local bool grad_off; /* grad mode is on unless set */
 
 bool ts_grad_enabled(void) { return !grad_off; }
@@ -173,7 +176,7 @@ static ts_tensor *widen(const ts_tensor *p) {
     }
     if (ts_tensor_is_contiguous(p)) return ts_tensor_copy_as(p, TS_F32);
     ts_tensor *src = ts_tensor_from_storage(p->storage, TS_BF16, p->offset, 1, &span, NULL);
-    ts_tensor *base = src ? ts_tensor_empty(TS_F32, 1, &span) : NULL;
+    ts_tensor *base = src ? ts_tensor_empty_on(ts_tensor_device(p), TS_F32, 1, &span) : NULL;
     ts_tensor *u = base && !ts_tensor_copy_(base, src)
                        ? ts_tensor_from_storage(base->storage, TS_F32, 0, p->ndim, p->shape, p->strides)
                        : NULL;
@@ -305,40 +308,13 @@ ts_tensor *ts_sum_to(ts_tensor *g, int ndim, const int64_t *shape) {
     if (lead < 0) goto mismatch;
     for (int d = 0; d < ndim; d++)
         if (shape[d] != 1 && shape[d] != g->shape[lead + d]) goto mismatch;
-    ts_tensor *out = ts_tensor_zeros(g->dtype, ndim, shape);
-    if (!out) return NULL;
-    /* Fast path: sum the rows of a contiguous g into a full trailing shape. */
-    bool trailing = ts_tensor_is_contiguous(g) && (g->dtype == TS_F32 || g->dtype == TS_F64);
-    for (int d = 0; trailing && d < ndim; d++) trailing = shape[d] == g->shape[lead + d];
-    if (trailing) {
-        int64_t inner = ts_tensor_numel(out), rows = ts_tensor_numel(g) / (inner ? inner : 1);
-        if (g->dtype == TS_F32) {
-            float *o = ts_f32(out);
-            const float *s = ts_f32(g);
-            for (int64_t r = 0; r < rows; r++)
-#pragma omp simd
-                for (int64_t j = 0; j < inner; j++) o[j] += s[r * inner + j];
-        } else {
-            double *o = ts_f64(out);
-            const double *s = ts_f64(g);
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t j = 0; j < inner; j++) o[j] += s[r * inner + j];
-        }
-        return out;
-    }
-    /* General path: walk g's multi-index, mapping reduced dims to 0. */
-    int64_t ostride[TS_MAX_DIMS] = {0}, idx[TS_MAX_DIMS] = {0};
-    for (int d = 0; d < ndim; d++) ostride[lead + d] = shape[d] == 1 ? 0 : out->strides[d];
-    int64_t n = ts_tensor_numel(g);
-    for (int64_t i = 0; i < n; i++) {
-        int64_t oi = 0; /* out is contiguous: its logical index is its offset */
-        for (int d = 0; d < g->ndim; d++) oi += idx[d] * ostride[d];
-        ts_tensor_set(out, oi, ts_tensor_get(out, oi) + ts_tensor_get(g, i));
-        for (int d = g->ndim - 1; d >= 0; d--) {
-            if (++idx[d] < g->shape[d]) break;
-            idx[d] = 0;
-        }
-    }
+    /* sum over the leading dims and the dims stretched from 1, then drop them */
+    int dims[TS_MAX_DIMS], n = 0;
+    for (int d = 0; d < g->ndim; d++)
+        if (d < lead || (shape[d - lead] == 1 && g->shape[d] != 1)) dims[n++] = d;
+    ts_tensor *s = n ? ts_sum(g, n, dims, false) : ts_tensor_retain(g);
+    ts_tensor *out = s ? ts_reshape(s, ndim, shape) : NULL;
+    ts_tensor_release(s);
     return out;
 mismatch:
     ts_error(TS_ERR_SHAPE, "backward: gradient of shape %s cannot be reduced to %s", ts_shape_str(g),
@@ -437,7 +413,7 @@ static ts_status run_node(ts_node *n, node_list *ready) {
             else if (x->grad_fn) st = accumulate_pending(&x->grad_fn->grad, fit);
             else {
                 st = ts_grad_accumulate(&x->grad, fit);
-                if (!st && x->grad_hook) x->grad_hook(x, x->grad_hook_ctx);
+                if (!st && x->grad_hook) st = x->grad_hook(x, x->grad_hook_ctx);
             }
             ts_tensor_release(fit);
         }
@@ -464,11 +440,12 @@ ts_status ts_backward(ts_tensor *t, ts_tensor *grad) {
         return ts_error(TS_ERR_SHAPE, "backward: tensor of shape %s is not a scalar; pass its gradient",
                         ts_shape_str(t));
     pack_flush();
-    ts_tensor *seed = grad ? ts_tensor_retain(grad) : ts_tensor_full(t->dtype, t->ndim, t->shape, 1.0);
+    ts_tensor *seed = grad ? ts_tensor_retain(grad) : ts_tensor_full_on(ts_tensor_device(t), t->dtype, t->ndim, t->shape, 1.0);
     if (!seed) return ts_last_status();
     if (!t->grad_fn) { /* a leaf: d t / d t */
         ts_status st = ts_grad_accumulate(&t->grad, seed);
         ts_tensor_release(seed);
+        if (!st && t->grad_hook) st = t->grad_hook(t, t->grad_hook_ctx);
         return st;
     }
     if (t->grad_fn->freed) {

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/alloc.h"
 #include "kernels/autograd.h"
+#include "kernels/ops/backend.h"
 #include "kernels/threads.h"
 
 static const size_t dtype_sizes[TS_NDTYPES] = {4, 8, 2, 4, 8, 1};
@@ -18,11 +18,39 @@ const char *ts_dtype_name(ts_dtype dt) { return (unsigned)dt < TS_NDTYPES ? dtyp
 
 bool ts_dtype_is_float(ts_dtype dt) { return dt == TS_F32 || dt == TS_F64 || dt == TS_BF16; }
 
-const char *ts_device_name(ts_device d) { return d == TS_CPU ? "cpu" : "cuda"; }
+static const char *device_types[TS_NDEVICE_TYPES] = {"cpu", "cuda"};
+
+const char *ts_device_name(ts_device d) {
+    static _Thread_local char ring[8][32];
+    static _Thread_local int next;
+    if (d.type == TS_DEVICE_CPU) return "cpu";
+    char *buf = ring[next++ % 8];
+    snprintf(buf, sizeof ring[0], "%s:%d", (unsigned)d.type < TS_NDEVICE_TYPES ? device_types[d.type] : "?", d.index);
+    return buf;
+}
+
+ts_status ts_device_parse(const char *text, ts_device *d) {
+    if (text && !strcmp(text, "cpu")) {
+        *d = TS_CPU;
+        return TS_OK;
+    }
+    for (int t = 1; text && t < TS_NDEVICE_TYPES; t++) {
+        size_t n = strlen(device_types[t]);
+        if (strncmp(text, device_types[t], n)) continue;
+        char *end = NULL;
+        long index = text[n] == ':' ? strtol(text + n + 1, &end, 10) : 0;
+        if (text[n] == '\0' || (text[n] == ':' && end != text + n + 1 && *end == '\0' && index >= 0 && index < 1024)) {
+            *d = (ts_device){(ts_device_type)t, (int)index};
+            return TS_OK;
+        }
+    }
+    return ts_error(TS_ERR_VALUE, "device: '%s' is not a device (cpu, cuda or cuda:N)", text ? text : "(null)");
+}
 
 /* ---- storage ---- */
 
-ts_storage *ts_storage_wrap(void *data, size_t nbytes, void (*release)(void *, size_t, void *), void *ctx) {
+ts_storage *ts_storage_wrap_on(ts_device d, void *data, size_t nbytes, void (*release)(void *, size_t, void *),
+                               void *ctx) {
     static _Atomic uint64_t ids;
     ts_storage *s = calloc(1, sizeof *s);
     if (!s) {
@@ -32,25 +60,33 @@ ts_storage *ts_storage_wrap(void *data, size_t nbytes, void (*release)(void *, s
     s->data = data;
     s->nbytes = nbytes;
     s->refcount = 1;
-    s->device = TS_CPU;
+    s->device = d;
     s->release = release;
     s->release_ctx = ctx;
     s->id = ++ids;
     return s;
 }
 
-/* Storage of nbytes from the caching allocator. */
-static void alloc_release(void *data, size_t nbytes, void *ctx) {
-    (void)ctx;
-    ts_free(data, nbytes);
+ts_storage *ts_storage_wrap(void *data, size_t nbytes, void (*release)(void *, size_t, void *), void *ctx) {
+    return ts_storage_wrap_on(TS_CPU, data, nbytes, release, ctx);
 }
 
-static ts_storage *storage_new(size_t nbytes) {
+/* Gives storage s's memory back to its device's backend (ctx is s). */
+static void backend_release(void *data, size_t nbytes, void *ctx) {
+    const ts_storage *s = ctx;
+    const ts_backend *b = ts_backend_of("storage", s->device);
+    if (b) b->memory->free(s->device.index, data, nbytes);
+}
+
+/* Storage of nbytes on device d from its backend. */
+static ts_storage *storage_new(const char *op, ts_device d, size_t nbytes) {
     ts_threads_init();
-    void *data = ts_alloc(nbytes);
+    const ts_backend *b = ts_backend_of(op, d);
+    void *data = b ? b->memory->alloc(d.index, nbytes) : NULL;
     if (!data) return NULL;
-    ts_storage *s = ts_storage_wrap(data, nbytes, alloc_release, NULL);
-    if (!s) ts_free(data, nbytes);
+    ts_storage *s = ts_storage_wrap_on(d, data, nbytes, backend_release, NULL);
+    if (!s) b->memory->free(d.index, data, nbytes);
+    else s->release_ctx = s;
     return s;
 }
 
@@ -135,17 +171,25 @@ ts_tensor *ts_tensor_from_storage(ts_storage *s, ts_dtype dt, int64_t offset, in
     return t;
 }
 
-ts_tensor *ts_tensor_empty(ts_dtype dt, int ndim, const int64_t *shape) {
+ts_tensor *ts_tensor_empty_on(ts_device d, ts_dtype dt, int ndim, const int64_t *shape) {
     if (check_shape("empty", ndim, shape)) return NULL;
     if ((unsigned)dt >= TS_NDTYPES) {
         ts_error(TS_ERR_DTYPE, "empty: unknown dtype %d", (int)dt);
         return NULL;
     }
-    ts_storage *s = storage_new((size_t)shape_numel(ndim, shape) * ts_dtype_size(dt));
+    ts_storage *s = storage_new("empty", d, (size_t)shape_numel(ndim, shape) * ts_dtype_size(dt));
     if (!s) return NULL;
     ts_tensor *t = ts_tensor_from_storage(s, dt, 0, ndim, shape, NULL);
     ts_storage_release(s);
     return t;
+}
+
+ts_tensor *ts_tensor_empty(ts_dtype dt, int ndim, const int64_t *shape) {
+    return ts_tensor_empty_on(TS_CPU, dt, ndim, shape);
+}
+
+ts_tensor *ts_tensor_empty_like(const ts_tensor *t) {
+    return ts_tensor_empty_on(ts_tensor_device(t), t->dtype, t->ndim, t->shape);
 }
 
 ts_tensor *ts_tensor_retain(ts_tensor *t) {
@@ -199,132 +243,80 @@ int64_t ts_tensor_offset_of(const ts_tensor *t, int64_t i) {
     return off;
 }
 
-/* Reads the element at storage offset off as double. */
-static double load(const ts_tensor *t, int64_t off) {
-    const void *base = t->storage->data;
-    switch (t->dtype) {
-    case TS_F32: return ((const float *)base)[off];
-    case TS_F64: return ((const double *)base)[off];
-    case TS_BF16: return ts_f32_from_bf16(((const uint16_t *)base)[off]);
-    case TS_I32: return ((const int32_t *)base)[off];
-    case TS_I64: return (double)((const int64_t *)base)[off];
-    case TS_U8: return ((const uint8_t *)base)[off];
-    default: return NAN;
-    }
+double ts_tensor_get(const ts_tensor *t, int64_t i) {
+    return ts_elem_get(t->storage->data, t->dtype, ts_tensor_offset_of(t, i));
 }
 
-/* Writes v at storage offset off, converting to t's dtype. */
-static void store(ts_tensor *t, int64_t off, double v) {
-    void *base = t->storage->data;
-    switch (t->dtype) {
-    case TS_F32: ((float *)base)[off] = (float)v; break;
-    case TS_F64: ((double *)base)[off] = v; break;
-    case TS_BF16: ((uint16_t *)base)[off] = ts_bf16_from_f32((float)v); break;
-    case TS_I32: ((int32_t *)base)[off] = (int32_t)v; break;
-    case TS_I64: ((int64_t *)base)[off] = (int64_t)v; break;
-    case TS_U8: ((uint8_t *)base)[off] = (uint8_t)v; break;
-    default: break;
-    }
+void ts_tensor_set(ts_tensor *t, int64_t i, double v) {
+    ts_elem_set(t->storage->data, t->dtype, ts_tensor_offset_of(t, i), v);
 }
 
-double ts_tensor_get(const ts_tensor *t, int64_t i) { return load(t, ts_tensor_offset_of(t, i)); }
+double ts_tensor_item(const ts_tensor *t) {
+    if (t->storage->device.type == TS_DEVICE_CPU) return ts_elem_get(t->storage->data, t->dtype, t->offset);
+    char host[8];
+    const ts_backend *b = ts_backend_of("item", ts_tensor_device(t));
+    if (!b || b->memory->download(t->storage->device.index, host, ts_tensor_data(t), ts_dtype_size(t->dtype)))
+        return NAN;
+    return ts_elem_get(host, t->dtype, 0);
+}
 
-void ts_tensor_set(ts_tensor *t, int64_t i, double v) { store(t, ts_tensor_offset_of(t, i), v); }
-
-double ts_tensor_item(const ts_tensor *t) { return load(t, t->offset); }
+/* t as a kernel operand. */
+static ts_operand operand(const ts_tensor *t) { return (ts_operand){ts_tensor_data(t), t->dtype, t->strides}; }
 
 ts_status ts_tensor_fill_(ts_tensor *t, double v) {
-    int64_t n = ts_tensor_numel(t);
-    if (ts_tensor_is_contiguous(t) && t->dtype == TS_F32) {
-        float *p = ts_f32(t);
-        for (int64_t i = 0; i < n; i++) p[i] = (float)v;
-        return TS_OK;
-    }
-    for (int64_t i = 0; i < n; i++) ts_tensor_set(t, i, v);
-    return TS_OK;
+    const ts_backend *b = ts_backend_of("fill", ts_tensor_device(t));
+    return b ? b->memory->fill(t->ndim, t->shape, operand(t), v) : ts_last_status();
 }
 
-/* n contiguous elements between f32 and bf16 (either way). */
-static void convert_bf16(ts_tensor *dst, const ts_tensor *src, int64_t n) {
-    if (dst->dtype == TS_BF16) {
-        uint16_t *d = ts_tensor_data(dst);
-        const float *s = ts_tensor_data(src);
-#pragma omp parallel for simd if (n > 65536)
-        for (int64_t i = 0; i < n; i++) d[i] = ts_bf16_from_f32(s[i]);
-    } else {
-        float *d = ts_tensor_data(dst);
-        const uint16_t *s = ts_tensor_data(src);
-#pragma omp parallel for simd if (n > 65536)
-        for (int64_t i = 0; i < n; i++) d[i] = ts_f32_from_bf16(s[i]);
+ts_tensor *ts_tensor_to(const ts_tensor *t, ts_device d) {
+    ts_device from = ts_tensor_device(t);
+    if (ts_device_equal(from, d)) return ts_tensor_dense(t);
+    const ts_backend *bf = ts_backend_of("to", from), *bd = bf ? ts_backend_of("to", d) : NULL;
+    ts_tensor *src = bd ? ts_tensor_dense(t) : NULL, *host = NULL;
+    ts_tensor *out = src ? ts_tensor_empty_on(d, t->dtype, t->ndim, t->shape) : NULL;
+    size_t n = src ? ts_tensor_nbytes(src) : 0;
+    ts_status st = out ? TS_OK : ts_last_status();
+    if (!st && from.type == TS_DEVICE_CPU) {
+        st = bd->memory->upload(d.index, ts_tensor_data(out), ts_tensor_data(src), n);
+    } else if (!st && d.type == TS_DEVICE_CPU) {
+        st = bf->memory->download(from.index, ts_tensor_data(out), ts_tensor_data(src), n);
+    } else if (!st) { /* between two devices: through the host */
+        host = ts_tensor_empty(t->dtype, t->ndim, t->shape);
+        st = host ? bf->memory->download(from.index, ts_tensor_data(host), ts_tensor_data(src), n) : ts_last_status();
+        if (!st) st = bd->memory->upload(d.index, ts_tensor_data(out), ts_tensor_data(host), n);
     }
+    ts_tensor_release(host);
+    ts_tensor_release(src);
+    if (st) {
+        ts_tensor_release(out);
+        return NULL;
+    }
+    return out;
 }
 
-/* Runs BODY for every element of same-shaped dst and src, one row of the
- * last dim at a time: d and s are the storage offsets of the element (one
- * div/mod walk per row, then stride steps). Rows run in parallel. */
-#define ROW_WALK(dst, src, BODY)                                                          \
-    do {                                                                                  \
-        int64_t last_ = (dst)->ndim ? (dst)->shape[(dst)->ndim - 1] : 1;                  \
-        int64_t rows_ = last_ ? ts_tensor_numel(dst) / last_ : 0;                         \
-        int64_t dstep_ = (dst)->ndim ? (dst)->strides[(dst)->ndim - 1] : 0;               \
-        int64_t sstep_ = (src)->ndim ? (src)->strides[(src)->ndim - 1] : 0;               \
-        _Pragma("omp parallel for if (rows_ * last_ > 32768)")                            \
-        for (int64_t r_ = 0; r_ < rows_; r_++) {                                          \
-            int64_t d = ts_tensor_offset_of(dst, r_ * last_), s = ts_tensor_offset_of(src, r_ * last_); \
-            for (int64_t j_ = 0; j_ < last_; j_++, d += dstep_, s += sstep_) BODY;        \
-        }                                                                                 \
-    } while (0)
-
-ts_status ts_tensor_copy_(ts_tensor *dst, const ts_tensor *src) {
+/* dst = src or dst += src, same shape; src is brought to dst's device
+ * first when it is elsewhere. */
+static ts_status copy_into(const char *op, ts_tensor *dst, const ts_tensor *src, bool accumulate) {
     if (!ts_tensor_same_shape(dst, src))
-        return ts_error(TS_ERR_SHAPE, "copy: destination %s and source %s differ", ts_shape_str(dst),
+        return ts_error(TS_ERR_SHAPE, "%s: destination %s and source %s differ", op, ts_shape_str(dst),
                         ts_shape_str(src));
-    int64_t n = ts_tensor_numel(src);
-    if (dst->dtype == src->dtype && ts_tensor_is_contiguous(dst) && ts_tensor_is_contiguous(src)) {
-        memmove(ts_tensor_data(dst), ts_tensor_data(src), (size_t)n * ts_dtype_size(src->dtype));
-        return TS_OK;
-    }
-    if (dst->dtype == TS_F32 && src->dtype == TS_F32) {
-        float *dp = dst->storage->data;
-        const float *sp = src->storage->data;
-        ROW_WALK(dst, src, dp[d] = sp[s]);
-        return TS_OK;
-    }
-    if (ts_tensor_is_contiguous(dst) && ts_tensor_is_contiguous(src) &&
-        ((dst->dtype == TS_BF16 && src->dtype == TS_F32) || (dst->dtype == TS_F32 && src->dtype == TS_BF16))) {
-        convert_bf16(dst, src, n);
-        return TS_OK;
-    }
-    ROW_WALK(dst, src, store(dst, d, load(src, s)));
-    return TS_OK;
+    const ts_backend *b = ts_backend_of(op, ts_tensor_device(dst));
+    if (!b) return ts_last_status();
+    if (ts_device_equal(ts_tensor_device(dst), ts_tensor_device(src)))
+        return b->memory->copy(dst->ndim, dst->shape, operand(dst), operand(src), accumulate);
+    ts_tensor *here = ts_tensor_to(src, ts_tensor_device(dst));
+    if (!here) return ts_last_status();
+    ts_status st = b->memory->copy(dst->ndim, dst->shape, operand(dst), operand(here), accumulate);
+    ts_tensor_release(here);
+    return st;
 }
 
-ts_status ts_tensor_add_(ts_tensor *dst, const ts_tensor *src) {
-    if (!ts_tensor_same_shape(dst, src))
-        return ts_error(TS_ERR_SHAPE, "add_: destination %s and source %s differ", ts_shape_str(dst),
-                        ts_shape_str(src));
-    if (dst->dtype == TS_F32 && src->dtype == TS_F32 && ts_tensor_is_contiguous(dst) && ts_tensor_is_contiguous(src)) {
-        float *dp = ts_f32(dst);
-        const float *sp = ts_f32(src);
-        int64_t n = ts_tensor_numel(dst);
-#pragma omp parallel for simd if (n > 65536)
-        for (int64_t i = 0; i < n; i++) dp[i] += sp[i];
-    } else if (dst->dtype == TS_F32 && src->dtype == TS_F32) {
-        float *dp = dst->storage->data;
-        const float *sp = src->storage->data;
-        ROW_WALK(dst, src, dp[d] += sp[s]);
-    } else if (dst->dtype == TS_F64 && src->dtype == TS_F64) {
-        double *dp = dst->storage->data;
-        const double *sp = src->storage->data;
-        ROW_WALK(dst, src, dp[d] += sp[s]);
-    } else {
-        ROW_WALK(dst, src, store(dst, d, load(dst, d) + load(src, s)));
-    }
-    return TS_OK;
-}
+ts_status ts_tensor_copy_(ts_tensor *dst, const ts_tensor *src) { return copy_into("copy", dst, src, false); }
+
+ts_status ts_tensor_add_(ts_tensor *dst, const ts_tensor *src) { return copy_into("add_", dst, src, true); }
 
 ts_tensor *ts_tensor_copy_as(const ts_tensor *t, ts_dtype dt) {
-    ts_tensor *out = ts_tensor_empty(dt, t->ndim, t->shape);
+    ts_tensor *out = ts_tensor_empty_on(ts_tensor_device(t), dt, t->ndim, t->shape);
     if (out && ts_tensor_copy_(out, t)) {
         ts_tensor_release(out);
         return NULL;
@@ -338,17 +330,24 @@ ts_tensor *ts_tensor_dense(const ts_tensor *t) {
 
 /* ---- creation ---- */
 
-ts_tensor *ts_tensor_full(ts_dtype dt, int ndim, const int64_t *shape, double value) {
-    ts_tensor *t = ts_tensor_empty(dt, ndim, shape);
-    if (t) ts_tensor_fill_(t, value);
+ts_tensor *ts_tensor_full_on(ts_device d, ts_dtype dt, int ndim, const int64_t *shape, double value) {
+    ts_tensor *t = ts_tensor_empty_on(d, dt, ndim, shape);
+    if (t && ts_tensor_fill_(t, value)) {
+        ts_tensor_release(t);
+        return NULL;
+    }
     return t;
 }
 
-ts_tensor *ts_tensor_zeros(ts_dtype dt, int ndim, const int64_t *shape) {
-    ts_tensor *t = ts_tensor_empty(dt, ndim, shape);
-    if (t) memset(t->storage->data, 0, t->storage->nbytes);
-    return t;
+ts_tensor *ts_tensor_zeros_on(ts_device d, ts_dtype dt, int ndim, const int64_t *shape) {
+    return ts_tensor_full_on(d, dt, ndim, shape, 0.0);
 }
+
+ts_tensor *ts_tensor_full(ts_dtype dt, int ndim, const int64_t *shape, double value) {
+    return ts_tensor_full_on(TS_CPU, dt, ndim, shape, value);
+}
+
+ts_tensor *ts_tensor_zeros(ts_dtype dt, int ndim, const int64_t *shape) { return ts_tensor_zeros_on(TS_CPU, dt, ndim, shape); }
 
 ts_tensor *ts_tensor_ones(ts_dtype dt, int ndim, const int64_t *shape) { return ts_tensor_full(dt, ndim, shape, 1.0); }
 
@@ -437,11 +436,16 @@ const char *ts_dims_str(int ndim, const int64_t *shape) {
 
 const char *ts_shape_str(const ts_tensor *t) { return ts_dims_str(t->ndim, t->shape); }
 
-void ts_tensor_print(FILE *f, const ts_tensor *t, const char *name) {
-    int64_t n = ts_tensor_numel(t);
+void ts_tensor_print(FILE *f, const ts_tensor *t0, const char *name) {
     fprintf(f, "%s%stensor(dtype=%s, shape=%s, device=%s%s)\n", name ? name : "", name ? " = " : "",
-            ts_dtype_name(t->dtype), ts_shape_str(t), ts_device_name(t->storage->device),
-            t->requires_grad ? ", requires_grad" : "");
+            ts_dtype_name(t0->dtype), ts_shape_str(t0), ts_device_name(t0->storage->device),
+            t0->requires_grad ? ", requires_grad" : "");
+    ts_tensor *t = ts_tensor_to(t0, TS_CPU); /* the values, on the host */
+    if (!t) {
+        fprintf(f, "  (values not readable: %s)\n", ts_last_error());
+        return;
+    }
+    int64_t n = ts_tensor_numel(t);
     int64_t last = t->ndim ? t->shape[t->ndim - 1] : 1;
     bool summarise = n > 64;
     fprintf(f, "  [");
@@ -456,13 +460,18 @@ void ts_tensor_print(FILE *f, const ts_tensor *t, const char *name) {
         if (ts_dtype_is_float(t->dtype)) fprintf(f, " %.6g", v); else fprintf(f, " %lld", (long long)v);
     }
     fprintf(f, " ]\n");
+    ts_tensor_release(t);
 }
 
 ts_status ts_check_tensor(const char *op, const char *arg, const ts_tensor *t, unsigned dtype_mask) {
-    if (!t) return ts_error(TS_ERR_VALUE, "%s: %s is NULL", op, arg);
-    if (t->storage->device != TS_CPU)
+    if (t && t->storage->device.type != TS_DEVICE_CPU)
         return ts_error(TS_ERR_DEVICE, "%s: %s is on device %s, expected cpu", op, arg,
                         ts_device_name(t->storage->device));
+    return ts_check_arg(op, arg, t, dtype_mask);
+}
+
+ts_status ts_check_arg(const char *op, const char *arg, const ts_tensor *t, unsigned dtype_mask) {
+    if (!t) return ts_error(TS_ERR_VALUE, "%s: %s is NULL", op, arg);
     if (!(dtype_mask & TS_MASK(t->dtype))) {
         char allowed[64] = "";
         for (int d = 0; d < TS_NDTYPES; d++)

@@ -1,6 +1,6 @@
-/* conv.c - conv2d: operand checks, the choice between the direct and the
- * im2col + GEMM implementation (kernels/ops/cpu/conv_cpu.h), the bias
- * gradient and the autograd node. */
+/* conv.c - conv2d: operand checks, the autograd node and the calls to the
+ * device's conv kernels (the CPU's choose between a direct and an im2col +
+ * GEMM implementation: kernels/ops/cpu/conv_cpu.h). */
 #include "kernels/ops/conv.h"
 
 #include <stdbool.h>
@@ -8,30 +8,7 @@
 #include <string.h>
 
 #include "kernels/autograd.h"
-#include "kernels/ops/cpu/conv_cpu.h"
-
-/* Serial below this many output elements. */
-#define BIAS_OMP_MIN 32768
-
-/* db[o] = sum over n, l of dout[n][o][l]: per-image sums in T (vectorised),
- * their total in double. */
-#define BIAS_GRAD(T)                                                                                     \
-    static void bias_grad_##T(const ts_conv_geom *g, const T *dout, T *db) {                             \
-        int64_t L = g->Ho * g->Wo;                                                                       \
-        _Pragma("omp parallel for schedule(static) if (g->N * g->O * L > BIAS_OMP_MIN)")                 \
-        for (int64_t o = 0; o < g->O; o++) {                                                             \
-            double s = 0;                                                                                \
-            for (int64_t n = 0; n < g->N; n++) {                                                         \
-                const T *r = dout + (n * g->O + o) * L;                                                  \
-                T sn = 0;                                                                                \
-                _Pragma("omp simd reduction(+ : sn)") for (int64_t l = 0; l < L; l++) sn += r[l];        \
-                s += sn;                                                                                 \
-            }                                                                                            \
-            db[o] = (T)s;                                                                                \
-        }                                                                                                \
-    }
-BIAS_GRAD(float)
-BIAS_GRAD(double)
+#include "kernels/ops/backend.h"
 
 ts_conv2d_opts ts_conv2d_default_opts(void) {
     return (ts_conv2d_opts){.stride_h = 1, .stride_w = 1, .pad_h = 0, .pad_w = 0, .dil_h = 1, .dil_w = 1, .groups = 1};
@@ -44,24 +21,24 @@ static ts_status conv2d_backward(ts_node *n, ts_tensor *grad, ts_tensor **gin) {
     memcpy(&g, n->ctx, sizeof g);
     ts_tensor *x = n->inputs[0], *w = n->inputs[1];
     bool want_x = ts_node_wants(n, 0), want_w = ts_node_wants(n, 1);
-    ts_tensor *gd = ts_tensor_dense(grad), *xd = NULL, *wd = NULL;
+    const ts_backend *be = ts_backend_for("conv2d", 3, (ts_tensor *[]){x, w, grad});
+    ts_tensor *gd = be ? ts_tensor_dense(grad) : NULL, *xd = NULL, *wd = NULL;
     ts_status st = gd ? TS_OK : ts_last_status();
     if (!st && (want_x || want_w)) {
         xd = want_w ? ts_tensor_dense(x) : NULL;
         wd = want_x ? ts_tensor_dense(w) : NULL;
-        if (want_w && xd) gin[1] = ts_tensor_empty(w->dtype, 4, w->shape);
-        if (want_x && wd) gin[0] = ts_tensor_empty(x->dtype, 4, x->shape);
+        if (want_w && xd) gin[1] = ts_tensor_empty_like(w);
+        if (want_x && wd) gin[0] = ts_tensor_empty_like(x);
         if ((want_w && !gin[1]) || (want_x && !gin[0])) st = ts_last_status();
         else
-            st = (ts_conv_direct_fits(&g) ? ts_conv_direct_backward : ts_conv_gemm_backward)(
-                &g, x->dtype, xd ? ts_tensor_data(xd) : NULL, wd ? ts_tensor_data(wd) : NULL, ts_tensor_data(gd),
-                want_w ? ts_tensor_data(gin[1]) : NULL, want_x ? ts_tensor_data(gin[0]) : NULL);
+            st = be->conv->backward(x->dtype, &g, xd ? ts_tensor_data(xd) : NULL, wd ? ts_tensor_data(wd) : NULL,
+                                    ts_tensor_data(gd), want_w ? ts_tensor_data(gin[1]) : NULL,
+                                    want_x ? ts_tensor_data(gin[0]) : NULL);
     }
     if (!st && n->n_inputs > 2 && ts_node_wants(n, 2)) {
-        gin[2] = ts_tensor_empty(grad->dtype, 1, (int64_t[]){g.O});
-        if (!gin[2]) st = ts_last_status();
-        else if (grad->dtype == TS_F32) bias_grad_float(&g, ts_tensor_data(gd), ts_tensor_data(gin[2]));
-        else bias_grad_double(&g, ts_tensor_data(gd), ts_tensor_data(gin[2]));
+        gin[2] = ts_tensor_empty_on(ts_tensor_device(grad), grad->dtype, 1, (int64_t[]){g.O});
+        st = gin[2] ? be->conv->bias_backward(grad->dtype, &g, ts_tensor_data(gd), ts_tensor_data(gin[2]))
+                    : ts_last_status();
     }
     ts_tensor *tmp[] = {gd, xd, wd};
     for (size_t i = 0; i < sizeof tmp / sizeof tmp[0]; i++) ts_tensor_release(tmp[i]);
@@ -72,8 +49,8 @@ static ts_status conv2d_backward(ts_node *n, ts_tensor *grad, ts_tensor **gin) {
 static ts_status conv_check(const ts_tensor *x, const ts_tensor *w, const ts_tensor *bias, const ts_conv2d_opts *o,
                             ts_conv_geom *g) {
     const char *op = "conv2d";
-    if (ts_check_tensor(op, "input", x, TS_FLOATS) || ts_check_tensor(op, "weight", w, TS_FLOATS) ||
-        (bias && ts_check_tensor(op, "bias", bias, TS_FLOATS)))
+    if (ts_check_arg(op, "input", x, TS_FLOATS) || ts_check_arg(op, "weight", w, TS_FLOATS) ||
+        (bias && ts_check_arg(op, "bias", bias, TS_FLOATS)))
         return ts_last_status();
     if (w->dtype != x->dtype || (bias && bias->dtype != x->dtype))
         return ts_error(TS_ERR_DTYPE, "conv2d: dtypes differ (input %s, weight %s%s%s)", ts_dtype_name(x->dtype),
@@ -113,11 +90,14 @@ ts_tensor *ts_conv2d(ts_tensor *x, ts_tensor *w, ts_tensor *bias, const ts_conv2
     ts_conv2d_opts defaults = ts_conv2d_default_opts();
     ts_conv_geom g;
     if (conv_check(x, w, bias, opts ? opts : &defaults, &g)) return NULL;
+    const ts_backend *be = ts_backend_for("conv2d", 3, (ts_tensor *[]){x, w, bias});
+    if (!be) return NULL;
     ts_tensor *xd = ts_tensor_dense(x), *wd = ts_tensor_dense(w), *bd = bias ? ts_tensor_dense(bias) : NULL;
-    ts_tensor *out = xd && wd && (!bias || bd) ? ts_tensor_empty(x->dtype, 4, (int64_t[]){g.N, g.O, g.Ho, g.Wo}) : NULL;
-    if (out && (ts_conv_direct_fits(&g) ? ts_conv_direct_forward : ts_conv_gemm_forward)(
-                   &g, x->dtype, ts_tensor_data(xd), ts_tensor_data(wd), bd ? ts_tensor_data(bd) : NULL,
-                   ts_tensor_data(out))) {
+    ts_tensor *out = xd && wd && (!bias || bd)
+                         ? ts_tensor_empty_on(ts_tensor_device(x), x->dtype, 4, (int64_t[]){g.N, g.O, g.Ho, g.Wo})
+                         : NULL;
+    if (out && be->conv->forward(x->dtype, &g, ts_tensor_data(xd), ts_tensor_data(wd), bd ? ts_tensor_data(bd) : NULL,
+                                 ts_tensor_data(out))) {
         ts_tensor_release(out);
         out = NULL;
     }

@@ -1,11 +1,12 @@
-/* matmul.c - matmul forward and backward as (folded, batched) GEMM calls. */
+/* matmul.c - matmul forward and backward as (folded, batched) GEMM calls
+ * to the device's matmul kernel. */
 #include "kernels/ops/matmul.h"
 
-#include <cblas.h>
 #include <limits.h>
 #include <string.h>
 
 #include "kernels/autograd.h"
+#include "kernels/ops/backend.h"
 #include "kernels/ops/view.h"
 
 /* One operand of a batched GEMM: a matrix of rows x cols with element
@@ -90,22 +91,16 @@ static bool fold_dim(gemm_mat *a, gemm_mat *b, gemm_mat *c, int64_t n, int d) {
 }
 
 /* One GEMM c = a·b + beta c on matrices already checked by mat_layout. */
-static void gemm_call(ts_dtype dt, const gemm_mat *a, const gemm_mat *b, const gemm_mat *c, int64_t off_a,
-                      int64_t off_b, int64_t off_c, double beta) {
+static ts_status gemm_call(const ts_backend *be, ts_dtype dt, const gemm_mat *a, const gemm_mat *b,
+                           const gemm_mat *c, int64_t off_a, int64_t off_b, int64_t off_c, double beta) {
     bool ta = false, tb = false, tc = false;
     int64_t lda = 1, ldb = 1, ldc = 1;
     mat_layout(a, &ta, &lda);
     mat_layout(b, &tb, &ldb);
     mat_layout(c, &tc, &ldc);
-    int M = (int)c->rows, N = (int)c->cols, K = (int)a->cols;
-    enum CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
     size_t es = ts_dtype_size(dt);
-    void *pa = a->base + off_a * (int64_t)es, *pb = b->base + off_b * (int64_t)es;
-    void *pc = c->base + off_c * (int64_t)es;
-    if (dt == TS_F32)
-        cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, 1.0f, pa, (int)lda, pb, (int)ldb, (float)beta, pc, (int)ldc);
-    else
-        cblas_dgemm(CblasRowMajor, opa, opb, M, N, K, 1.0, pa, (int)lda, pb, (int)ldb, beta, pc, (int)ldc);
+    return be->matmul->gemm(dt, ta, tb, c->rows, c->cols, a->cols, 1.0, a->base + off_a * (int64_t)es, lda,
+                            b->base + off_b * (int64_t)es, ldb, beta, c->base + off_c * (int64_t)es, ldc);
 }
 
 /* Broadcast batch shape of a and b (dims before the last two). */
@@ -125,8 +120,8 @@ static ts_status batch_shape(const char *op, const ts_tensor *a, const ts_tensor
 
 ts_status ts_matmul_into(ts_tensor *out, const ts_tensor *a, const ts_tensor *b, bool accumulate) {
     const char *op = "matmul_into";
-    if (ts_check_tensor(op, "a", a, TS_FLOATS) || ts_check_tensor(op, "b", b, TS_FLOATS) ||
-        ts_check_tensor(op, "out", out, TS_FLOATS))
+    if (ts_check_arg(op, "a", a, TS_FLOATS) || ts_check_arg(op, "b", b, TS_FLOATS) ||
+        ts_check_arg(op, "out", out, TS_FLOATS))
         return ts_last_status();
     if (a->dtype != b->dtype || a->dtype != out->dtype)
         return ts_error(TS_ERR_DTYPE, "%s: dtypes %s x %s -> %s differ", op, ts_dtype_name(a->dtype),
@@ -163,6 +158,8 @@ ts_status ts_matmul_into(ts_tensor *out, const ts_tensor *a, const ts_tensor *b,
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
         return ts_error(TS_ERR_SHAPE, "%s: shapes %s x %s exceed the BLAS int range", op, ts_shape_str(a),
                         ts_shape_str(b));
+    const ts_backend *be = ts_backend_for(op, 3, (ts_tensor *[]){(ts_tensor *)a, (ts_tensor *)b, out});
+    if (!be) return ts_last_status();
     double beta = accumulate ? 1.0 : 0.0;
     if (reduced && !accumulate) {
         if (ts_tensor_fill_(out, 0.0)) return ts_last_status();
@@ -200,8 +197,9 @@ ts_status ts_matmul_into(ts_tensor *out, const ts_tensor *a, const ts_tensor *b,
     int64_t idx[TS_MAX_DIMS] = {0}, oa = 0, ob = 0, oc = 0;
     total = 1;
     for (int d = 0; d < nb; d++) total *= bshape[d];
-    for (int64_t it = 0; it < total; it++) {
-        gemm_call(out->dtype, &am, &bm, &cm, oa, ob, oc, beta);
+    ts_status st = TS_OK;
+    for (int64_t it = 0; it < total && !st; it++) {
+        st = gemm_call(be, out->dtype, &am, &bm, &cm, oa, ob, oc, beta);
         for (int d = nb - 1; d >= 0; d--) { /* next batch index, offsets updated */
             oa += am.bst[d];
             ob += bm.bst[d];
@@ -215,7 +213,7 @@ ts_status ts_matmul_into(ts_tensor *out, const ts_tensor *a, const ts_tensor *b,
     }
     ts_tensor_release(ca);
     ts_tensor_release(cb);
-    return TS_OK;
+    return st;
 }
 
 /* A view of t with its last two dims swapped (no history, no copy). */
@@ -256,7 +254,7 @@ static ts_tensor *grad_gemm(const ts_tensor *x, const ts_tensor *l, bool lT, con
         shape[nd - 1] = x->shape[nd - 2];
     }
     ts_tensor *lt = lT ? raw_mT(l) : ts_tensor_alias(l), *rt = rT ? raw_mT(r) : ts_tensor_alias(r);
-    ts_tensor *g = lt && rt ? ts_tensor_empty(x->dtype, nd, shape) : NULL;
+    ts_tensor *g = lt && rt ? ts_tensor_empty_on(ts_tensor_device(l), x->dtype, nd, shape) : NULL;
     if (g && ts_matmul_into(g, lt, rt, false)) {
         ts_tensor_release(g);
         g = NULL;
@@ -286,7 +284,7 @@ static ts_tensor *matmul_nd(ts_tensor *a, ts_tensor *b) {
     if (batch_shape("matmul", a, b, &nb, shape)) return NULL;
     shape[nb] = a->shape[a->ndim - 2];
     shape[nb + 1] = b->shape[b->ndim - 1];
-    ts_tensor *out = ts_tensor_empty(a->dtype, nb + 2, shape);
+    ts_tensor *out = ts_tensor_empty_on(ts_tensor_device(a), a->dtype, nb + 2, shape);
     if (!out) return NULL;
     if (ts_matmul_into(out, a, b, false)) {
         ts_tensor_release(out);
@@ -298,7 +296,9 @@ static ts_tensor *matmul_nd(ts_tensor *a, ts_tensor *b) {
 }
 
 ts_tensor *ts_matmul(ts_tensor *a, ts_tensor *b) {
-    if (ts_check_tensor("matmul", "a", a, TS_FLOATS) || ts_check_tensor("matmul", "b", b, TS_FLOATS)) return NULL;
+    if (ts_check_arg("matmul", "a", a, TS_FLOATS) || ts_check_arg("matmul", "b", b, TS_FLOATS) ||
+        !ts_backend_for("matmul", 2, (ts_tensor *[]){a, b}))
+        return NULL;
     if (a->dtype != b->dtype) {
         ts_error(TS_ERR_DTYPE, "matmul: dtypes differ (%s %s x %s %s)", ts_dtype_name(a->dtype), ts_shape_str(a),
                  ts_dtype_name(b->dtype), ts_shape_str(b));

@@ -1,4 +1,5 @@
-/* reduce.c - sum, mean and max over dims, forward and backward.
+/* reduce.c - sum, mean and max over dims, forward and backward, on the
+ * device's reduce kernels.
  *
  * Every reduction runs on a contiguous tensor seen as [outer, red, inner]:
  * when the reduced dims (ignoring size-1 dims) are one run, the input is
@@ -15,92 +16,9 @@
 #include "kernels/ops/elementwise.h"
 #include "kernels/ops/view.h"
 
-/* `omp simd` is a hint: sanitizer and -O1 builds of clang cannot always
- * vectorize and would otherwise turn that into an error under -Werror. */
-#ifdef __clang__
-#pragma clang diagnostic ignored "-Wpass-failed"
-#endif
-
-#define BLOCK 256 /* inner elements one task accumulates at a time */
-
 typedef enum { R_SUM, R_MEAN, R_MAX } rkind;
 
 static const char *const rnames[] = {"sum", "mean", "max"};
-
-/* ---- kernels ---- */
-
-#define REDUCE_KERNELS_T(T, S)                                                                               \
-    /* o[oi, i] = scale * sum_r x[oi, r, i], accumulated in double */                                        \
-    static void sum_##S(const T *x, T *o, int64_t outer, int64_t red, int64_t inner, double scale) {         \
-        if (inner == 1 && outer == 1) {                                                                      \
-            double s = 0;                                                                                    \
-            _Pragma("omp parallel for reduction(+ : s) if (red > 32768)") for (int64_t r = 0; r < red;  \
-                                                                                     r++) s += x[r];         \
-            o[0] = (T)(s * scale);                                                                           \
-            return;                                                                                          \
-        }                                                                                                    \
-        if (inner == 1) {                                                                                    \
-            _Pragma("omp parallel for if (outer * red > 32768)") for (int64_t oi = 0; oi < outer; oi++) {    \
-                const T *src = x + oi * red;                                                                 \
-                double s = 0;                                                                                \
-                _Pragma("omp simd reduction(+ : s)") for (int64_t r = 0; r < red; r++) s += src[r];          \
-                o[oi] = (T)(s * scale);                                                                      \
-            }                                                                                                \
-            return;                                                                                          \
-        }                                                                                                    \
-        int64_t nb = (inner + BLOCK - 1) / BLOCK;                                                            \
-        _Pragma("omp parallel for if (outer * red * inner > 32768)") for (int64_t t = 0; t < outer * nb;     \
-                                                                          t++) {                             \
-            int64_t oi = t / nb, i0 = (t % nb) * BLOCK, m = inner - i0 < BLOCK ? inner - i0 : BLOCK;         \
-            const T *src = x + oi * red * inner + i0;                                                        \
-            double acc[BLOCK];                                                                               \
-            for (int64_t i = 0; i < m; i++) acc[i] = 0;                                                      \
-            for (int64_t r = 0; r < red; r++) {                                                              \
-                const T *row = src + r * inner;                                                              \
-                _Pragma("omp simd") for (int64_t i = 0; i < m; i++) acc[i] += row[i];                        \
-            }                                                                                                \
-            T *dst = o + oi * inner + i0;                                                                    \
-            for (int64_t i = 0; i < m; i++) dst[i] = (T)(acc[i] * scale);                                    \
-        }                                                                                                    \
-    }                                                                                                        \
-    /* o[oi, i] = max_r x[oi, r, i] and idx = the first r reaching it (red >= 1) */                          \
-    static void max_##S(const T *x, T *o, int64_t *idx, int64_t outer, int64_t red, int64_t inner) {         \
-        int64_t nb = (inner + BLOCK - 1) / BLOCK;                                                            \
-        _Pragma("omp parallel for if (outer * red * inner > 32768)") for (int64_t t = 0; t < outer * nb;     \
-                                                                          t++) {                             \
-            int64_t oi = t / nb, i0 = (t % nb) * BLOCK, m = inner - i0 < BLOCK ? inner - i0 : BLOCK;         \
-            const T *src = x + oi * red * inner + i0;                                                        \
-            T *best = o + oi * inner + i0;                                                                   \
-            int64_t *at = idx + oi * inner + i0;                                                             \
-            for (int64_t i = 0; i < m; i++) {                                                                \
-                best[i] = src[i];                                                                            \
-                at[i] = 0;                                                                                   \
-            }                                                                                                \
-            for (int64_t r = 1; r < red; r++) {                                                              \
-                const T *row = src + r * inner;                                                              \
-                for (int64_t i = 0; i < m; i++) {                                                            \
-                    T v = row[i];                                                                            \
-                    if (v > best[i] || (v != v && best[i] == best[i])) {                                     \
-                        best[i] = v;                                                                         \
-                        at[i] = r;                                                                           \
-                    }                                                                                        \
-                }                                                                                            \
-            }                                                                                                \
-        }                                                                                                    \
-    }                                                                                                        \
-    /* gx = 0 except gx[oi, idx, i] = g[oi, i] */                                                            \
-    static void max_back_##S(const T *g, const int64_t *idx, T *gx, int64_t outer, int64_t red,             \
-                             int64_t inner) {                                                                \
-        memset(gx, 0, sizeof(T) * (size_t)(outer * red * inner));                                           \
-        _Pragma("omp parallel for if (outer * inner > 32768)") for (int64_t k = 0; k < outer * inner;       \
-                                                                     k++) {                                  \
-            int64_t oi = k / inner, i = k % inner;                                                           \
-            gx[(oi * red + idx[k]) * inner + i] = g[k];                                                      \
-        }                                                                                                    \
-    }
-
-REDUCE_KERNELS_T(float, f32)
-REDUCE_KERNELS_T(double, f64)
 
 /* ---- backward ---- */
 
@@ -123,16 +41,16 @@ static ts_status sum_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
 
 static ts_status max_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     ts_tensor *x = n->inputs[0], *idx = n->saved[0];
-    ts_tensor *gc = ts_to_dtype(g, x->dtype);
-    ts_tensor *gx = gc ? ts_tensor_empty(x->dtype, x->ndim, x->shape) : NULL;
-    if (gx) {
-        int64_t outer = n->iargs[1], red = n->iargs[2], inner = n->iargs[3];
-        if (x->dtype == TS_F64) max_back_f64(ts_f64(gc), ts_tensor_data(idx), ts_f64(gx), outer, red, inner);
-        else max_back_f32(ts_f32(gc), ts_tensor_data(idx), ts_f32(gx), outer, red, inner);
-    }
+    const ts_backend *be = ts_backend_for("max", 2, (ts_tensor *[]){g, idx});
+    ts_tensor *gc = be ? ts_to_dtype(g, x->dtype) : NULL;
+    ts_tensor *gx = gc ? ts_tensor_empty_like(x) : NULL;
+    ts_status st = gx ? be->reduce->max_backward(x->dtype, ts_tensor_data(gc), ts_tensor_data(idx), ts_tensor_data(gx),
+                                                 n->iargs[1], n->iargs[2], n->iargs[3])
+                      : ts_last_status();
     ts_tensor_release(gc);
-    gin[0] = gx;
-    return gx ? TS_OK : ts_last_status();
+    if (st) ts_tensor_release(gx);
+    else gin[0] = gx;
+    return st;
 }
 
 /* ---- forward ---- */
@@ -159,7 +77,11 @@ static ts_status dims_mask(const char *op, const ts_tensor *a, int ndims, const 
 static ts_tensor *reduce(rkind kind, ts_tensor *a0, int ndims, const int *dims, bool keepdim) {
     const char *op = rnames[kind];
     ts_tensor *a = ts_float_input(op, "input", a0);
-    if (!a) return NULL;
+    const ts_backend *be = a ? ts_backend_for(op, 1, &a) : NULL;
+    if (!be) {
+        ts_tensor_release(a);
+        return NULL;
+    }
     unsigned mask;
     ts_tensor *xc = NULL, *out = NULL, *idx = NULL;
     if (dims_mask(op, a, ndims, dims, &mask)) goto done;
@@ -207,23 +129,23 @@ static ts_tensor *reduce(rkind kind, ts_tensor *a0, int ndims, const int *dims, 
         ts_error(TS_ERR_SHAPE, "max: cannot reduce %s over an empty dim", ts_shape_str(a));
         goto done;
     }
-    out = ts_tensor_empty(a->dtype, ond, oshape);
+    ts_device dev = ts_tensor_device(a);
+    out = ts_tensor_empty_on(dev, a->dtype, ond, oshape);
     if (!out) goto done;
-    bool f64 = a->dtype == TS_F64;
+    ts_status st = TS_OK;
     if (kind == R_MAX) {
-        if (!(idx = ts_tensor_empty(TS_I64, ond, oshape))) {
-            ts_tensor_release(out);
-            out = NULL;
-            goto done;
-        }
-        if (f64) max_f64(ts_f64(xc), ts_f64(out), ts_tensor_data(idx), outer, red, inner);
-        else max_f32(ts_f32(xc), ts_f32(out), ts_tensor_data(idx), outer, red, inner);
-    } else {
+        idx = ts_tensor_empty_on(dev, TS_I64, ond, oshape);
+        st = idx ? be->reduce->max(a->dtype, ts_tensor_data(xc), ts_tensor_data(out), ts_tensor_data(idx), outer, red,
+                                   inner)
+                 : ts_last_status();
+    } else if (outer * inner > 0) {
         double scale = kind == R_MEAN ? (red ? 1.0 / (double)red : NAN) : 1.0;
-        if (outer * inner > 0) {
-            if (f64) sum_f64(ts_f64(xc), ts_f64(out), outer, red, inner, scale);
-            else sum_f32(ts_f32(xc), ts_f32(out), outer, red, inner, scale);
-        }
+        st = be->reduce->sum(a->dtype, ts_tensor_data(xc), ts_tensor_data(out), outer, red, inner, scale);
+    }
+    if (st) {
+        ts_tensor_release(out);
+        out = NULL;
+        goto done;
     }
     ts_node *n = ts_autograd_record(out, op, kind == R_MAX ? max_backward : sum_backward, 1, &xc);
     if (kind != R_MAX) ts_node_forget_input_data(n, 0); /* sum and mean backward need only the shape */

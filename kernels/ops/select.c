@@ -14,25 +14,9 @@
 
 /* ---- where ---- */
 
-/* Strided walk of the broadcast output, one row (last dim) per step. */
-#define WHERE_KERNEL_T(T, S)                                                                             \
-    static void where_##S(const uint8_t *M, const T *A, const T *B, T *O, int nd, const int64_t *shape,  \
-                          const int64_t *sm, const int64_t *sa, const int64_t *sb, int64_t n) {          \
-        const int64_t L = nd ? shape[nd - 1] : 1, lm = nd ? sm[nd - 1] : 0, la = nd ? sa[nd - 1] : 0,    \
-                      lb = nd ? sb[nd - 1] : 0;                                                          \
-        _Pragma("omp parallel for if (n > 32768)") for (int64_t r = 0; r < n / L; r++) {                 \
-            const uint8_t *Mr = M + ts_row_offset(nd, shape, sm, r);                                     \
-            const T *Ar = A + ts_row_offset(nd, shape, sa, r), *Br = B + ts_row_offset(nd, shape, sb, r); \
-            T *Or = O + r * L;                                                                           \
-            for (int64_t j = 0; j < L; j++) Or[j] = Mr[j * lm] ? Ar[j * la] : Br[j * lb];                \
-        }                                                                                                \
-    }
-WHERE_KERNEL_T(float, f32)
-WHERE_KERNEL_T(double, f64)
-
 /* gradient of a: g where the mask holds, else 0; of b the other way. */
 static ts_status where_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
-    ts_tensor *zero = ts_tensor_scalar(g->dtype, 0);
+    ts_tensor *zero = ts_tensor_zeros_on(ts_tensor_device(g), g->dtype, 0, NULL);
     if (!zero) return ts_last_status();
     if (ts_node_wants(n, 0)) gin[0] = ts_where(n->saved[0], g, zero);
     if (ts_node_wants(n, 1)) gin[1] = ts_where(n->saved[0], zero, g);
@@ -43,7 +27,7 @@ static ts_status where_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
 
 /* where for op (a and b already float inputs). */
 static ts_tensor *where_impl(const char *op, ts_tensor *mask, ts_tensor *a, ts_tensor *b) {
-    if (ts_check_tensor(op, "mask", mask, TS_MASK(TS_U8))) return NULL;
+    if (ts_check_arg(op, "mask", mask, TS_MASK(TS_U8))) return NULL;
     if (a->dtype != b->dtype) {
         ts_error(TS_ERR_DTYPE, "%s: dtypes %s and %s differ (shapes %s and %s)", op, ts_dtype_name(a->dtype),
                  ts_dtype_name(b->dtype), ts_shape_str(a), ts_shape_str(b));
@@ -55,17 +39,19 @@ static ts_tensor *where_impl(const char *op, ts_tensor *mask, ts_tensor *a, ts_t
     ts_tensor ab = {.ndim = nd}; /* only its shape: for broadcasting the mask */
     memcpy(ab.shape, shape, sizeof shape);
     if (ts_broadcast_shape(op, mask, &ab, &md, full)) return NULL;
-    ts_tensor *out = ts_tensor_empty(a->dtype, md, full);
+    const ts_backend *be = ts_backend_for(op, 3, (ts_tensor *[]){mask, a, b});
+    ts_tensor *out = be ? ts_tensor_empty_on(ts_tensor_device(a), a->dtype, md, full) : NULL;
     if (!out) return NULL;
-    int64_t sm[TS_MAX_DIMS], sa[TS_MAX_DIMS], sb[TS_MAX_DIMS], n = ts_tensor_numel(out);
+    int64_t sm[TS_MAX_DIMS], sa[TS_MAX_DIMS], sb[TS_MAX_DIMS];
     ts_broadcast_strides(mask, md, full, sm);
     ts_broadcast_strides(a, md, full, sa);
     ts_broadcast_strides(b, md, full, sb);
-    if (n > 0) {
-        if (a->dtype == TS_F64)
-            where_f64(ts_tensor_data(mask), ts_f64(a), ts_f64(b), ts_f64(out), md, full, sm, sa, sb, n);
-        else
-            where_f32(ts_tensor_data(mask), ts_f32(a), ts_f32(b), ts_f32(out), md, full, sm, sa, sb, n);
+    if (ts_tensor_numel(out) > 0 &&
+        be->pointwise->where(md, full, (ts_operand){ts_tensor_data(mask), TS_U8, sm},
+                             (ts_operand){ts_tensor_data(a), a->dtype, sa}, (ts_operand){ts_tensor_data(b), b->dtype, sb},
+                             ts_tensor_data(out))) {
+        ts_tensor_release(out);
+        return NULL;
     }
     ts_tensor *ins[2] = {a, b};
     ts_node *node = ts_autograd_record(out, op, where_backward, 2, ins);
@@ -84,7 +70,7 @@ ts_tensor *ts_where(ts_tensor *mask, ts_tensor *a0, ts_tensor *b0) {
 
 ts_tensor *ts_masked_fill(ts_tensor *a0, ts_tensor *mask, double value) {
     ts_tensor *a = ts_float_input("masked_fill", "input", a0), *v = NULL, *out = NULL;
-    if (!a || ts_check_tensor("masked_fill", "mask", mask, TS_MASK(TS_U8))) goto done;
+    if (!a || ts_check_arg("masked_fill", "mask", mask, TS_MASK(TS_U8))) goto done;
     int nd;
     int64_t shape[TS_MAX_DIMS];
     if (ts_broadcast_shape("masked_fill", mask, a, &nd, shape)) goto done;
@@ -93,7 +79,7 @@ ts_tensor *ts_masked_fill(ts_tensor *a0, ts_tensor *mask, double value) {
                  ts_shape_str(a));
         goto done;
     }
-    if ((v = ts_tensor_scalar(a->dtype, value))) out = where_impl("masked_fill", mask, v, a);
+    if ((v = ts_tensor_full_on(ts_tensor_device(a), a->dtype, 0, NULL, value))) out = where_impl("masked_fill", mask, v, a);
 done:
     ts_tensor_release(v);
     ts_tensor_release(a);
@@ -120,7 +106,7 @@ static ts_status check_same(const char *op, int n, ts_tensor *const *t, int dim)
     for (int i = 0; i < n; i++) {
         char arg[32];
         snprintf(arg, sizeof arg, "tensors[%d]", i);
-        if (ts_check_tensor(op, arg, t[i], ALL_DTYPES)) return ts_last_status();
+        if (ts_check_arg(op, arg, t[i], ALL_DTYPES)) return ts_last_status();
         if (t[i]->dtype != t[0]->dtype)
             return ts_error(TS_ERR_DTYPE, "%s: tensors[%d] has dtype %s but tensors[0] has %s", op, i,
                             ts_dtype_name(t[i]->dtype), ts_dtype_name(t[0]->dtype));
@@ -134,7 +120,7 @@ static ts_status check_same(const char *op, int n, ts_tensor *const *t, int dim)
                             ts_shape_str(t[i]), ts_shape_str(t[0]));
         }
     }
-    return TS_OK;
+    return ts_backend_for(op, n, t) ? TS_OK : ts_last_status();
 }
 
 ts_tensor *ts_concat(int n, ts_tensor *const *t, int dim) {
@@ -148,32 +134,23 @@ ts_tensor *ts_concat(int n, ts_tensor *const *t, int dim) {
         return NULL;
     }
     if (check_same("concat", n, t, d)) return NULL;
-    int64_t shape[TS_MAX_DIMS], outer = 1, inner = 1, total = 0;
+    int64_t shape[TS_MAX_DIMS], total = 0;
     memcpy(shape, t[0]->shape, sizeof shape);
     for (int i = 0; i < n; i++) total += t[i]->shape[d];
     shape[d] = total;
-    for (int k = 0; k < d; k++) outer *= shape[k];
-    for (int k = d + 1; k < t[0]->ndim; k++) inner *= shape[k];
-    ts_tensor *out = ts_tensor_empty(t[0]->dtype, t[0]->ndim, shape);
+    ts_tensor *out = ts_tensor_empty_on(ts_tensor_device(t[0]), t[0]->dtype, t[0]->ndim, shape);
     if (!out) return NULL;
-    size_t esz = ts_dtype_size(out->dtype);
-    char *dst = ts_tensor_data(out);
     int64_t off = 0;
-    for (int i = 0; i < n; i++) {
-        ts_tensor *src = ts_tensor_is_contiguous(t[i]) ? ts_tensor_retain(t[i]) : ts_tensor_copy_as(t[i], t[i]->dtype);
-        if (!src) {
+    for (int i = 0; i < n; i++) { /* each input into its slice of out */
+        ts_tensor *part = ts_tensor_from_storage(out->storage, out->dtype, off * out->strides[d], out->ndim,
+                                                 t[i]->shape, out->strides);
+        ts_status st = part ? ts_tensor_copy_(part, t[i]) : ts_last_status();
+        ts_tensor_release(part);
+        if (st) {
             ts_tensor_release(out);
             return NULL;
         }
-        const char *s = ts_tensor_data(src);
-        size_t chunk = (size_t)(t[i]->shape[d] * inner) * esz, stride = (size_t)(total * inner) * esz;
-        if (chunk > 0) {
-#pragma omp parallel for if ((int64_t)chunk * outer > (1 << 20))
-            for (int64_t o = 0; o < outer; o++)
-                memcpy(dst + (size_t)o * stride + (size_t)(off * inner) * esz, s + (size_t)o * chunk, chunk);
-        }
         off += t[i]->shape[d];
-        ts_tensor_release(src);
     }
     ts_node *node = ts_autograd_record(out, "concat", concat_backward, n, t);
     for (int i = 0; i < n && node; i++) ts_node_forget_input_data(node, i); /* backward needs only shapes */
@@ -185,7 +162,7 @@ ts_tensor *ts_concat(int n, ts_tensor *const *t, int dim) {
 
 ts_status ts_split(ts_tensor *x, int dim, int n, const int64_t *sizes, ts_tensor **out) {
     if (!out) return ts_error(TS_ERR_VALUE, "split: out array is NULL");
-    if (ts_check_tensor("split", "input", x, ALL_DTYPES)) return ts_last_status();
+    if (ts_check_arg("split", "input", x, ALL_DTYPES)) return ts_last_status();
     for (int i = 0; i < n; i++) out[i] = NULL;
     int d = ts_dim_index(dim, x->ndim);
     if (d < 0) return ts_error(TS_ERR_SHAPE, "split: dim %d out of range for %s", dim, ts_shape_str(x));

@@ -159,7 +159,7 @@ ts_tensor *ts_transpose(ts_tensor *x, int d0, int d1) {
 
 static ts_status narrow_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     ts_tensor *x = n->inputs[0];
-    ts_tensor *full = ts_tensor_zeros(g->dtype, x->ndim, x->shape);
+    ts_tensor *full = ts_tensor_zeros_on(ts_tensor_device(g), g->dtype, x->ndim, x->shape);
     if (!full) return ts_last_status();
     ts_tensor *part = ts_narrow(full, (int)n->iargs[0], n->iargs[1], g->shape[n->iargs[0]]);
     ts_status st = part ? ts_tensor_copy_(part, g) : ts_last_status();
@@ -289,6 +289,26 @@ ts_tensor *ts_to_dtype(ts_tensor *x, ts_dtype dt) {
 }
 
 ts_tensor *ts_detach(ts_tensor *x) { return ts_tensor_alias(x); }
+
+/* The gradient goes back to the input's device (iargs 0, 1). */
+static ts_status to_device_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
+    gin[0] = ts_tensor_to(g, (ts_device){(ts_device_type)n->iargs[0], (int)n->iargs[1]});
+    return gin[0] ? TS_OK : ts_last_status();
+}
+
+ts_tensor *ts_to_device(ts_tensor *x, ts_device d) {
+    ts_device from = ts_tensor_device(x);
+    if (ts_device_equal(from, d)) return ts_contiguous(x);
+    ts_tensor *out = ts_tensor_to(x, d);
+    ts_node *n = out && ts_dtype_is_float(x->dtype) ? ts_autograd_record(out, "to_device", to_device_backward, 1, &x)
+                                                    : NULL;
+    ts_node_forget_input_data(n, 0);
+    if (n) {
+        n->iargs[0] = from.type;
+        n->iargs[1] = from.index;
+    }
+    return out;
+}
 
 ts_status ts_broadcast_shape(const char *op, const ts_tensor *a, const ts_tensor *b, int *ndim, int64_t *shape) {
     int nd = a->ndim > b->ndim ? a->ndim : b->ndim;

@@ -2,7 +2,8 @@
  *
  * reshape, permute, transpose, narrow, expand, squeeze, unsqueeze and
  * flatten return views sharing the input's storage (reshape copies only when
- * the strides make a view impossible); contiguous, clone and to_dtype copy.
+ * the strides make a view impossible); contiguous, clone, to_dtype and
+ * to_device copy (on the input's device, except to_device).
  * All record autograd nodes, so gradients flow back through views.
  */
 #ifndef TS_OPS_VIEW_H
@@ -31,6 +32,9 @@ ts_tensor *ts_clone(ts_tensor *x);
 ts_tensor *ts_to_dtype(ts_tensor *x, ts_dtype dt);
 /* A view of x with no autograd history. */
 ts_tensor *ts_detach(ts_tensor *x);
+/* A contiguous copy of x on device d (ts_contiguous(x) when x is already
+ * there); the gradient is copied back to x's device. */
+ts_tensor *ts_to_device(ts_tensor *x, ts_device d);
 
 /* The shape two operands broadcast to (NumPy rules), or an error naming op
  * and both shapes. */

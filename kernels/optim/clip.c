@@ -3,19 +3,15 @@
 
 #include <math.h>
 
-#define CLIP_OMP_MIN 32768
+#include "kernels/optim/mixed.h"
 
 double ts_clip_sq_norm(const float *g, int64_t len) {
     double sum = 0;
-#pragma omp parallel for simd if (len > CLIP_OMP_MIN) schedule(static) reduction(+ : sum)
-    for (int64_t i = 0; i < len; i++) sum += (double)g[i] * (double)g[i];
+    ts_mixed_kernels()->sq_norm(g, len, &sum);
     return sum;
 }
 
-void ts_clip_scale(float *g, int64_t len, float factor) {
-#pragma omp parallel for if (len > CLIP_OMP_MIN) schedule(static)
-    for (int64_t i = 0; i < len; i++) g[i] *= factor;
-}
+void ts_clip_scale(float *g, int64_t len, float factor) { ts_mixed_kernels()->scale(g, len, factor); }
 
 double ts_clip_coef(double total_norm, double max_norm) {
     double c = max_norm / (total_norm + 1e-6);

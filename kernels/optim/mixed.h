@@ -13,8 +13,15 @@
 
 #include <stdint.h>
 
+#include "kernels/ops/backend.h"
 #include "kernels/status.h"
 #include "kernels/tensor.h"
+
+/* The CPU's kernels for flat f32 ranges (clipping and mixed precision use
+ * them too): those of the capability in use, or the default ones when
+ * TESSERA_CPU_CAPABILITY was refused - these functions have no error
+ * channel of their own, and every op reports the refusal. */
+const ts_optim_kernels *ts_mixed_kernels(void);
 
 /* out[i] = bf16(master[i]) for i in [0, len), round to nearest even. */
 ts_status ts_mixed_to_bf16(const float *master, uint16_t *out, int64_t len);

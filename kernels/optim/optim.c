@@ -5,8 +5,7 @@
 #include <stddef.h>
 #include <string.h>
 
-/* Ranges shorter than this run on one thread. */
-#define OPTIM_OMP_MIN 32768
+#include "kernels/ops/backend.h"
 
 ts_optim_config ts_optim_defaults(ts_optim_kind kind) {
     ts_optim_config c;
@@ -65,66 +64,6 @@ int ts_optim_state_slots(const ts_optim_config *cfg) {
     return 2;
 }
 
-/* ---- kernels over one run of elements with fixed multipliers ---- */
-
-typedef struct {
-    float *p;
-    const float *g;
-    float *s0, *s1; /* state slots (momentum buffer, or m and v) */
-    int64_t n;
-    double lr, wd;  /* already scaled by the group */
-} optim_run;
-
-static void sgd_run(const ts_optim_config *cfg, int64_t t, const optim_run *r) {
-    const float lr = (float)r->lr, wd = (float)r->wd, mom = (float)cfg->momentum;
-    const float damp = (float)(1.0 - cfg->dampening);
-    const bool first = t == 1, nesterov = cfg->nesterov, use_buf = r->s0 != NULL;
-    float *restrict p = r->p, *restrict buf = r->s0;
-    const float *restrict g = r->g;
-    const int64_t n = r->n;
-#pragma omp parallel for if (n > OPTIM_OMP_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        float d = g[i];
-        if (wd != 0) d = d + wd * p[i];
-        if (use_buf) {
-            float b = first ? d : mom * buf[i] + damp * d;
-            buf[i] = b;
-            d = nesterov ? d + mom * b : b;
-        }
-        p[i] = p[i] - lr * d;
-    }
-}
-
-static void adam_run(const ts_optim_config *cfg, int64_t t, const optim_run *r) {
-    const double bc1 = 1.0 - pow(cfg->beta1, (double)t);
-    const double bc2 = 1.0 - pow(cfg->beta2, (double)t);
-    const float step_size = (float)(r->lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    const float b1 = (float)cfg->beta1, b2 = (float)cfg->beta2, eps = (float)cfg->eps;
-    const float c1 = (float)(1.0 - cfg->beta1), c2 = (float)(1.0 - cfg->beta2);
-    const bool decoupled = cfg->kind == TS_OPTIM_ADAMW;
-    const float l2 = decoupled ? 0.0f : (float)r->wd;
-    const float shrink = decoupled ? (float)(1.0 - r->lr * r->wd) : 1.0f;
-    float *restrict p = r->p, *restrict m = r->s0, *restrict v = r->s1;
-    const float *restrict g = r->g;
-    const int64_t n = r->n;
-#pragma omp parallel for if (n > OPTIM_OMP_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        float pi = p[i] * shrink;
-        float gi = g[i] + l2 * pi;
-        float mi = b1 * m[i] + c1 * gi;
-        float vi = b2 * v[i] + c2 * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        float denom = sqrtf(vi) / bc2_sqrt + eps;
-        p[i] = pi - step_size * (mi / denom);
-    }
-}
-
-static void run_kind(const ts_optim_config *cfg, int64_t t, const optim_run *r) {
-    if (cfg->kind == TS_OPTIM_SGD) sgd_run(cfg, t, r);
-    else adam_run(cfg, t, r);
-}
-
 /* ---- the step over a slice ---- */
 
 static ts_status check_slice(const ts_optim_config *cfg, int64_t t, double lr, const ts_optim_groups *groups,
@@ -155,32 +94,51 @@ static ts_status check_slice(const ts_optim_config *cfg, int64_t t, double lr, c
     return TS_OK;
 }
 
-/* Runs the kernel over flat elements [a, b) of the slice with the given multipliers. */
-static void run_part(const ts_optim_config *cfg, int64_t t, double lr, const ts_optim_slice *sl, int64_t a,
-                     int64_t b, float wd_scale, float lr_scale) {
+/* Runs the CPU's step kernel over flat elements [a, b) of the slice with
+ * the given multipliers. */
+static ts_status run_part(const ts_optim_kernels *k, const ts_optim_config *cfg, int64_t t, double lr,
+                          const ts_optim_slice *sl, int64_t a, int64_t b, float wd_scale, float lr_scale) {
     int64_t i = a - sl->offset;
-    int k = ts_optim_state_slots(cfg);
-    optim_run r = {
-        .p = sl->params + i,
-        .g = sl->grads + i,
-        .s0 = k > 0 ? sl->state + i : NULL,
-        .s1 = k > 1 ? sl->state + sl->stride + i : NULL,
+    int slots = ts_optim_state_slots(cfg);
+    double lr_run = lr * lr_scale, wd = cfg->weight_decay * wd_scale;
+    ts_optim_run r = {
+        .params = sl->params + i,
+        .grads = sl->grads + i,
+        .s0 = slots > 0 ? sl->state + i : NULL,
+        .s1 = slots > 1 ? sl->state + sl->stride + i : NULL,
         .n = b - a,
-        .lr = lr * lr_scale,
-        .wd = cfg->weight_decay * wd_scale,
     };
-    run_kind(cfg, t, &r);
+    if (cfg->kind == TS_OPTIM_SGD) {
+        r.lr = (float)lr_run;
+        r.weight_decay = (float)wd;
+        r.momentum = (float)cfg->momentum;
+        r.damp_keep = (float)(1.0 - cfg->dampening);
+        r.first = t == 1;
+        r.nesterov = cfg->nesterov;
+        return k->sgd(&r);
+    }
+    bool decoupled = cfg->kind == TS_OPTIM_ADAMW;
+    double bc1 = 1.0 - pow(cfg->beta1, (double)t), bc2 = 1.0 - pow(cfg->beta2, (double)t);
+    r.step_size = (float)(lr_run / bc1);
+    r.bc2_sqrt = (float)sqrt(bc2);
+    r.beta1 = (float)cfg->beta1;
+    r.beta2 = (float)cfg->beta2;
+    r.one_minus_beta1 = (float)(1.0 - cfg->beta1);
+    r.one_minus_beta2 = (float)(1.0 - cfg->beta2);
+    r.eps = (float)cfg->eps;
+    r.l2 = decoupled ? 0.0f : (float)wd;
+    r.shrink = decoupled ? (float)(1.0 - lr_run * wd) : 1.0f;
+    return k->adam(&r);
 }
 
 ts_status ts_optim_step_range(const ts_optim_config *cfg, int64_t t, double lr, const ts_optim_groups *groups,
                               const ts_optim_slice *slice) {
     ts_status s = check_slice(cfg, t, lr, groups, slice);
     if (s || slice->len == 0) return s;
+    const ts_backend *cpu = ts_backend_of("optim", TS_CPU);
+    if (!cpu) return ts_last_status();
     int64_t pos = slice->offset, end = slice->offset + slice->len;
-    if (!groups) {
-        run_part(cfg, t, lr, slice, pos, end, 1.0f, 1.0f);
-        return TS_OK;
-    }
+    if (!groups) return run_part(cpu->optim, cfg, t, lr, slice, pos, end, 1.0f, 1.0f);
     int gi = ts_optim_groups_find(groups, pos);
     while (pos < end) {
         const ts_optim_group *r = gi >= 0 && gi < groups->n ? &groups->ranges[gi] : NULL;
@@ -190,7 +148,7 @@ ts_status ts_optim_step_range(const ts_optim_config *cfg, int64_t t, double lr, 
                             ts_optim_kind_name(cfg->kind), (long long)pos, (long long)slice->offset,
                             (long long)end);
         int64_t stop = r->offset + r->len < end ? r->offset + r->len : end;
-        run_part(cfg, t, lr, slice, pos, stop, r->wd_scale, r->lr_scale);
+        if ((s = run_part(cpu->optim, cfg, t, lr, slice, pos, stop, r->wd_scale, r->lr_scale))) return s;
         pos = stop;
         gi++;
     }

@@ -1,9 +1,9 @@
-/* rowmath.h - shared inner loops of the row-wise fused ops (softmax,
- * layernorm, cross-entropy, embedding, attention): the maximum of a row, exp of a shifted row and
- * a vectorisable single-precision exp.
+/* rowmath.h - shared inner loops of the row-wise CPU kernels (softmax,
+ * cross-entropy, attention): a vectorisable single-precision exp, the
+ * maximum of a row and exp of a shifted row.
  *
- * Private to kernels/ops: static inline helpers, instantiated for float (_f)
- * and double (_d), on contiguous rows.
+ * Private to kernels/ops/cpu: static inline helpers on contiguous rows,
+ * for float (_f32) and double (_f64).
  */
 #ifndef TS_OPS_CPU_ROWMATH_H
 #define TS_OPS_CPU_ROWMATH_H
@@ -40,51 +40,52 @@ static inline float ts_expf_fast(float x) {
     return x != x ? x : y;
 }
 
-/* The exp each instantiation uses: fast for float, libm for double. */
-static inline float ts_exp_f(float x) { return ts_expf_fast(x); }
-static inline double ts_exp_d(double x) { return exp(x); }
-
-/* TS_SIMD_S(clauses): "omp simd clauses" for float loops (S = f), nothing
- * for double (S = d), whose loops call libm's exp and only serve gradient
- * checks; so every requested vectorisation can be honoured. */
+/* "_Pragma" of its argument, for pragmas built by macros. */
 #define TS_PRAGMA(x) _Pragma(#x)
 /* The simd requests are hints: under sanitizer instrumentation clang cannot
  * honour them and would report each loop (-Wpass-failed). */
 #if defined(__clang__)
 #pragma clang diagnostic ignored "-Wpass-failed"
 #endif
-#define TS_SIMD_f(...) TS_PRAGMA(omp simd __VA_ARGS__)
-#define TS_SIMD_d(...)
 
-/* Instantiates, for type T with suffix S (f or d) and exp function EXP, on
- * rows of n contiguous elements:
- *   T ts_row_max_S(x, n)           max of the row (-inf when n == 0), in 16
- *                                  lanes so it vectorises without a pragma
- *   T ts_row_exp_S(x, y, n, m)     y[i] = exp(x[i] - m), returns their sum
- * x and y may alias (in-place). */
-#define TS_ROWMATH_DEFINE(T, S, EXP)                                                                  \
-    static inline T ts_row_max_##S(const T *x, int64_t n) {                                           \
-        T part[16];                                                                                   \
-        for (int j = 0; j < 16; j++) part[j] = -INFINITY;                                             \
-        int64_t i = 0;                                                                                \
-        for (; i + 16 <= n; i += 16)                                                                  \
-            for (int j = 0; j < 16; j++) part[j] = x[i + j] > part[j] ? x[i + j] : part[j];           \
-        T m = -INFINITY;                                                                              \
-        for (; i < n; i++) m = x[i] > m ? x[i] : m;                                                   \
-        for (int j = 0; j < 16; j++) m = part[j] > m ? part[j] : m;                                   \
-        return m;                                                                                     \
-    }                                                                                                 \
-    static inline T ts_row_exp_##S(const T *x, T *y, int64_t n, T m) {                                \
-        T s = 0;                                                                                      \
-        TS_SIMD_##S(reduction(+ : s)) for (int64_t i = 0; i < n; i++) {                               \
-            T e = EXP(x[i] - m);                                                                      \
-            y[i] = e;                                                                                 \
-            s += e;                                                                                   \
-        }                                                                                             \
-        return s;                                                                                     \
+/* The maximum of a row of n floats (-inf when n == 0), in 16 lanes so it
+ * vectorises without a pragma; NaN never wins. */
+static inline float ts_row_max_f32(const float *x, int64_t n) {
+    float part[16];
+    for (int j = 0; j < 16; j++) part[j] = -INFINITY;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) part[j] = x[i + j] > part[j] ? x[i + j] : part[j];
+    float m = -INFINITY;
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    for (int j = 0; j < 16; j++) m = part[j] > m ? part[j] : m;
+    return m;
+}
+
+/* y[i] = exp(x[i] - m) over a row of n floats; returns their sum. x and y
+ * may alias. */
+static inline float ts_row_exp_f32(const float *x, float *y, int64_t n, float m) {
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) {
+        float e = ts_expf_fast(x[i] - m);
+        y[i] = e;
+        s += e;
     }
+    return s;
+}
 
-TS_ROWMATH_DEFINE(float, f, ts_exp_f)
-TS_ROWMATH_DEFINE(double, d, ts_exp_d)
+/* The same two for doubles (gradient checks): plain loops and libm. */
+static inline double ts_row_max_f64(const double *x, int64_t n) {
+    double m = -INFINITY;
+    for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+static inline double ts_row_exp_f64(const double *x, double *y, int64_t n, double m) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += y[i] = exp(x[i] - m);
+    return s;
+}
 
 #endif
