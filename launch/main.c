@@ -27,6 +27,8 @@ static const char usage[] =
     "  tessera-run JOB.json --resume [--run-dir DIR]\n"
     "      strategy \"local\": train in this process, resuming from the newest\n"
     "      checkpoint of the run folder\n"
+    "      (--force: train even when the model's memory estimate exceeds\n"
+    "      the memory available)\n"
     "  tessera-run --eval CHECKPOINT_DIR\n"
     "      test loss and accuracy (or bits per byte) of a checkpoint\n"
     "  tessera-run --generate CHECKPOINT_DIR --prompt TEXT [--tokens N]\n"
@@ -44,7 +46,7 @@ typedef struct {
     int tokens, top_k;
     double temperature;
     unsigned long long seed;
-    bool resume;
+    bool resume, force;
     const char *address;  /* --join / --status */
     const char *key_file;
     const char *job_path;
@@ -95,6 +97,8 @@ static int parse_cli(int argc, char **argv, cli *c) {
             c->mode = MODE_ENV;
         } else if (strcmp(argv[i], "--resume") == 0) {
             c->resume = true;
+        } else if (strcmp(argv[i], "--force") == 0) {
+            c->force = true;
         } else if ((v = flag_value(argc, argv, &i, "--eval"))) {
             c->mode = MODE_EVAL;
             c->checkpoint = v;
@@ -226,7 +230,7 @@ int main(int argc, char **argv) {
             return 2;
         }
         if (o.job.parallel.strategy == TS_STRATEGY_LOCAL && c.mode == MODE_RUN) {
-            code = ts_launch_train(&o.job, c.run_dir, c.resume);
+            code = ts_launch_train(&o.job, c.run_dir, c.resume, c.force);
         } else if (c.mode == MODE_JOIN) {
             code = run_join(&c);
         } else if (c.mode == MODE_MPI) {

@@ -15,10 +15,11 @@
 #include "worker/node.h"
 #include "worker/trainer.h"
 
-int ts_launch_train(const ts_job *job, const char *run_dir, bool resume) {
+int ts_launch_train(const ts_job *job, const char *run_dir, bool resume, bool force) {
     char dir[TS_JOB_PATH_MAX + 16];
     ts_worker_run_dir(job, run_dir, dir, sizeof dir);
-    ts_worker_options o = {.job = job, .rank = -1, .run_dir = dir, .resume = resume, .prog = "tessera-run"};
+    ts_worker_options o = {.job = job, .rank = -1, .run_dir = dir, .resume = resume, .force = force,
+                           .prog = "tessera-run"};
     int code = ts_worker_run(&o);
     if (code == 0) {
         char png[1200];

@@ -11,9 +11,10 @@
 
 /* Trains job in this process with its run folder (run_dir NULL: the job's
  * train.run_dir, else runs/<name>), resuming from its newest checkpoint
- * when resume is set. SIGINT/SIGTERM stop after the current step with a
- * checkpoint. Returns the exit status. */
-int ts_launch_train(const ts_job *job, const char *run_dir, bool resume);
+ * when resume is set; force skips the memory check (worker/fit.h).
+ * SIGINT/SIGTERM stop after the current step with a checkpoint. Returns the
+ * exit status. */
+int ts_launch_train(const ts_job *job, const char *run_dir, bool resume, bool force);
 
 /* Evaluates the checkpoint folder ckpt on its job's test split (or the
  * validation split when the data has no test split). */

@@ -571,7 +571,7 @@ static ts_status copy_flag(char *dst, size_t cap, const char *flag,
 ts_status ts_job_node_args_parse(int argc, char **argv, bool need_scheduler, ts_job_node_args *a) {
     static const char *const flags[] = {"--scheduler", "--key-file", "--job", "--set", "--rank", "--run-dir", NULL};
     static const char usage[] = "[JOB.json | --job JOB.json] [--scheduler ADDR --key-file PATH] [--set k=v]... "
-                                "[--rank N] [--run-dir DIR] [--resume]";
+                                "[--rank N] [--run-dir DIR] [--resume] [--force]";
     memset(a, 0, sizeof *a);
     a->rank = -1;
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
@@ -581,6 +581,10 @@ ts_status ts_job_node_args_parse(int argc, char **argv, bool need_scheduler, ts_
     for (int i = 1; i < argc && st == TS_OK; i++) {
         if (strcmp(argv[i], "--resume") == 0) {
             a->resume = true;
+            continue;
+        }
+        if (strcmp(argv[i], "--force") == 0) {
+            a->force = true;
             continue;
         }
         if (argv[i][0] != '-' && !a->job_path[0]) {

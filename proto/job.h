@@ -147,7 +147,7 @@ json_t *ts_job_to_json(const ts_job *job);
 
 /* Command line of a node process of the job (tessera-ps, tessera-worker):
  *   [JOB.json | --job JOB.json] [--scheduler ADDR --key-file PATH]
- *   [--set k=v]... [--rank N] [--run-dir DIR] [--resume]
+ *   [--set k=v]... [--rank N] [--run-dir DIR] [--resume] [--force]
  * (flags also as --flag=value; the key file may come from TESSERA_KEY_FILE).
  * Without --scheduler the node trains alone (strategy "local"). */
 typedef struct {
@@ -157,6 +157,7 @@ typedef struct {
     char run_dir[TS_JOB_PATH_MAX];   /* "" = the job's train.run_dir or runs/<name> */
     int rank;                        /* rank asked for, -1 = any */
     bool resume;                     /* continue from the newest checkpoint */
+    bool force;                      /* train even if the model seems not to fit */
     ts_job job;                      /* job file with the overrides applied */
 } ts_job_node_args;
 

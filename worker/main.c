@@ -20,6 +20,7 @@ int main(int argc, char **argv) {
                            .rank = a.rank,
                            .run_dir = dir,
                            .resume = a.resume,
+                           .force = a.force,
                            .prog = "tessera-worker"};
     return ts_worker_run(&o);
 }

@@ -9,6 +9,7 @@
 
 #include "kernels/clock.h"
 #include "membership/member.h"
+#include "worker/fit.h"
 #include "worker/strategy.h"
 #include "worker/trainer.h"
 
@@ -96,6 +97,10 @@ static int await_shutdown(ts_member *m) {
 }
 
 int ts_worker_run(const ts_worker_options *o) {
+    if (!o->force && ts_fit_check_here(o->job)) {
+        fprintf(stderr, "%s: %s\n", o->prog, ts_last_error());
+        return 1;
+    }
     ts_member *m = NULL;
     if (o->scheduler && !(m = join(o))) return 1;
     ts_strategy_options so = {.name = ts_job_strategy_name(o->job->parallel.strategy), .member = m};

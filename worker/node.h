@@ -1,7 +1,8 @@
 /* node.h - one worker process of a job, from start to exit status.
  *
  * ts_worker_run() is what tessera-worker, tessera-run's local mode and each
- * worker rank under mpirun do: without a scheduler it trains the job in this
+ * worker rank under mpirun do: first it refuses a model that does not fit in
+ * memory (worker/fit.h) unless forced; without a scheduler it trains the job in this
  * process (strategy "local"); with one it joins the job (asking again while
  * a restarted worker's old rank is still held), makes the job's strategy on
  * that membership, trains through it, and ends with the scheduler's
@@ -27,6 +28,7 @@ typedef struct {
     int rank;              /* rank asked for on a rejoin, -1 = any */
     const char *run_dir;   /* the run folder (see ts_worker_run_dir) */
     bool resume;           /* continue from the run folder's newest checkpoint */
+    bool force;            /* skip the memory check (worker/fit.h) */
     const char *prog;      /* program name for messages */
 } ts_worker_options;
 

@@ -1,7 +1,9 @@
-/* models.c - MLP, CNN and GPT built unit by unit; splitting. */
+/* models.c - MLP, CNN and GPT built unit by unit; splitting; the memory
+ * estimate of training one. */
 #include "kernels/nn/models.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/nn/layers.h"
 #include "kernels/nn/module.h"
@@ -120,6 +122,61 @@ ts_status ts_model_split(const ts_model *whole, const ts_model_spec *s, int n, c
             return st;
         }
     }
+    return TS_OK;
+}
+
+/* ---- memory estimate: parameters and saved activations per sample ---- */
+
+/* fc_i: w_i x w_i+1 weights + biases; each fc and relu output is kept. */
+static void mlp_size(const ts_model_spec *s, double *params, double *saved) {
+    *saved = (double)s->widths[0];
+    for (int i = 0; i + 1 < s->n_widths; i++) {
+        double in = (double)s->widths[i], out = (double)s->widths[i + 1];
+        *params += in * out + out;
+        *saved += 2 * out;
+    }
+}
+
+/* conv1, relu1, pool1, conv2, relu2, pool2, flatten, fc; the im2col columns
+ * of the larger conv for one image on top. */
+static void cnn_size(const ts_model_spec *s, double *params, double *saved, double *workspace) {
+    double k2 = (double)(s->kernel * s->kernel), hw = (double)(s->img * s->img);
+    double c1 = (double)s->ch1, c2 = (double)s->ch2, flat = c2 * hw / 16;
+    *params += c1 * (double)s->in_ch * k2 + c1 + c2 * c1 * k2 + c2 + flat * (double)s->classes + (double)s->classes;
+    *saved = (double)s->in_ch * hw + 2 * c1 * hw + c1 * hw / 4 + 2 * c2 * hw / 4 + 2 * flat + (double)s->classes;
+    double cols1 = (double)s->in_ch * k2 * hw, cols2 = c1 * k2 * hw / 4;
+    *workspace = cols1 > cols2 ? cols1 : cols2;
+}
+
+/* Embedding V x C + T x C, per block 12 C^2 + 13 C, ln_f 2 C (the head is
+ * tied to the embedding). Saved per token: each block's 17 C of outputs
+ * and 2 H T of attention probabilities (only its C input when blocks are
+ * checkpointed, plus one block in full), the embedding, and the logits. */
+static void gpt_size(const ts_model_spec *s, double *params, double *saved) {
+    const ts_gpt_config *g = &s->gpt;
+    double C = (double)g->n_embd, T = (double)g->block_size, L = (double)g->n_layer, V = (double)g->vocab;
+    *params += V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+    double block = 17 * C + 2 * (double)g->n_head * T;
+    double blocks = s->checkpoint ? L * C + block : L * block;
+    *saved = T * (C + blocks + 2 * V);
+}
+
+ts_status ts_model_estimate(const ts_model_spec *s, int64_t b, int optim_slots, bool bf16, ts_model_memory *out) {
+    memset(out, 0, sizeof *out);
+    if (ts_model_units(s) < 0) return ts_last_status();
+    if (b < 1 || optim_slots < 0)
+        return ts_error(TS_ERR_VALUE, "model estimate: batch %lld and %d optimizer slots are invalid", (long long)b,
+                        optim_slots);
+    double p = 0, saved = 0, workspace = 0;
+    if (s->arch == TS_ARCH_MLP) mlp_size(s, &p, &saved);
+    else if (s->arch == TS_ARCH_CNN) cnn_size(s, &p, &saved, &workspace);
+    else gpt_size(s, &p, &saved);
+    out->parameters = p;
+    out->param_bytes = 4 * p + (bf16 ? 2 * p : 0);
+    out->grad_bytes = 4 * p;
+    out->optim_bytes = 4 * p * optim_slots;
+    out->activation_bytes = 4 * (2 * saved * (double)b + workspace);
+    out->total_bytes = out->param_bytes + out->grad_bytes + out->optim_bytes + out->activation_bytes;
     return TS_OK;
 }
 

@@ -41,6 +41,26 @@ ts_model *ts_model_build(const ts_model_spec *s, int first, int end, ts_key key,
 ts_status ts_model_split(const ts_model *whole, const ts_model_spec *s, int n, const int *boundaries,
                          ts_model **parts);
 
+/* What training a model takes in one process, in bytes (estimate). */
+typedef struct {
+    double parameters;  /* count */
+    double param_bytes; /* f32 weights, plus the bf16 compute copy */
+    double grad_bytes;  /* f32 gradients */
+    double optim_bytes; /* optimizer state, optim_slots f32 per parameter */
+    double activation_bytes; /* rough: every unit's output kept for backward
+                                (with checkpointing: a block's input only, plus
+                                one block), a conv's im2col columns for one
+                                image, twice over for the gradients flowing back */
+    double total_bytes;
+} ts_model_memory;
+
+/* Estimates the memory of training spec at batch b (per process) with
+ * optim_slots state floats per parameter (ts_optim_state_slots) and, when
+ * bf16, a bf16 compute copy of the weights. Pure: builds and allocates
+ * nothing, so it can judge a model far too big to build. Counts in double,
+ * so absurd sizes do not overflow; the parameter count is exact. */
+ts_status ts_model_estimate(const ts_model_spec *s, int64_t b, int optim_slots, bool bf16, ts_model_memory *out);
+
 /* The model's input shape for one batch of b samples (T tokens for GPT). */
 int ts_model_input_shape(const ts_model_spec *s, int64_t b, int64_t *shape, ts_dtype *dtype);
 

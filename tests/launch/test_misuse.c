@@ -1,6 +1,7 @@
 /* test_misuse.c - what a careless user does to tessera-run, against the real
  * binary: checkpoint files that are not regular files, a resumed run's
- * metrics, messages that must name the file or field. Every run
+ * metrics, a model too big for the machine, messages that must name the
+ * file or field. Every run
  * goes through timeout(1), so a hang fails the test instead of stalling it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,25 +27,44 @@ static char base[256];
                 "--set train.checkpoint_every=1000 --set train.eval_every=0 --set train.eval_batches=2 " \
                 "--set schedule.warmup_steps=1"
 
-/* Runs "tessera-run ARGS" (printf-style) with its output in base/<tag>.log;
- * returns the exit status and the log's text in log[cap]. */
-static int run(const char *tag, char *log, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int run(const char *tag, char *log, size_t cap, const char *fmt, ...) {
+/* Runs "[prefix] timeout HANG_S BIN/prog ARGS" in sh with its output in
+ * base/<tag>.log; returns the exit status and the log's text in log[cap]. */
+static int vrun(const char *prefix, const char *prog, const char *tag, char *log, size_t cap, const char *fmt,
+                va_list ap) {
     char args[2048], path[400], cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
     snprintf(path, sizeof path, "%s/%s.log", base, tag);
     const char *bin = getenv("TESSERA_BIN_DIR");
-    snprintf(cmd, sizeof cmd, "timeout %d %s/tessera-run %s > %s 2>&1", HANG_S, bin ? bin : "build/bin",
+    snprintf(cmd, sizeof cmd, "%s timeout %d %s/%s %s > %s 2>&1", prefix, HANG_S, bin ? bin : "build/bin", prog,
              args, path);
     int status = system(cmd);
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     FILE *f = fopen(path, "r");
     assert_non_null(f);
     tu_read_back(f, log, cap);
+    return code;
+}
+
+/* tessera-run ARGS (printf-style), output in base/<tag>.log and log[cap]. */
+static int run(const char *tag, char *log, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int run(const char *tag, char *log, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int code = vrun("", "tessera-run", tag, log, cap, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* prog ARGS after the shell prefix (e.g. "ulimit -v N;"). */
+static int run_prog(const char *prefix, const char *prog, const char *tag, char *log, size_t cap, const char *fmt,
+                    ...) __attribute__((format(printf, 6, 7)));
+static int run_prog(const char *prefix, const char *prog, const char *tag, char *log, size_t cap, const char *fmt,
+                    ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int code = vrun(prefix, prog, tag, log, cap, fmt, ap);
+    va_end(ap);
     return code;
 }
 
@@ -114,6 +134,31 @@ static void test_resume_keeps_each_step_once(void **state) {
     assert_int_equal(evals[20], 2); /* the final validation and test evaluations */
 }
 
+/* A CNN of 3.8e9 parameters is refused before it is built, with the
+ * estimate and the memory available, by tessera-run and tessera-worker;
+ * --force tries anyway (under a 4 GB address-space limit here, so the
+ * allocation fails instead of the OOM killer ending the machine's jobs). */
+static void test_model_too_big(void **state) {
+    (void)state;
+    char log[16384], dir[300];
+    snprintf(dir, sizeof dir, "%s/big", base);
+    const char *huge = "examples/cnn_fashion.json --set model.ch1=4096 --set model.ch2=4096 --set model.kernel=15";
+    /* at batch 2^20 its activations alone exceed any machine's memory */
+    assert_int_equal(run("big", log, sizeof log, "%s --set train.batch_size=1048576 --run-dir %s", huge, dir), 1);
+    expect_text(log, "model: cnn of 3.78e+09 parameters needs about ");
+    expect_text(log, "(parameters 14.1, gradients 14.1, optimizer state 28.1, activations ");
+    expect_text(log, "GiB at train.batch_size 1048576) but ");
+    expect_text(log, "GiB are available (");
+    expect_text(log, "or pass --force to try anyway");
+    assert_int_equal(run_prog("", "tessera-worker", "big-worker", log, sizeof log,
+                              "%s --set train.batch_size=1048576 --run-dir %s", huge, dir), 1);
+    expect_text(log, "model: cnn of 3.78e+09 parameters needs about ");
+    assert_int_equal(run_prog("ulimit -v 4000000;", "tessera-run", "big-force", log, sizeof log,
+                              "%s --run-dir %s --force", huge, dir), 1);
+    assert_null(strstr(log, "needs about"));
+    expect_text(log, "out of memory");
+}
+
 /* Messages that name the file or the field (issue 11, item 8). */
 static void test_messages_name_the_thing(void **state) {
     (void)state;
@@ -157,6 +202,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpoint_file_not_regular),
         cmocka_unit_test(test_resume_keeps_each_step_once),
+        cmocka_unit_test(test_model_too_big),
         cmocka_unit_test(test_messages_name_the_thing),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,33 @@
+/* fit.h - does a job's model fit in this machine's memory, before it is built.
+ *
+ * ts_fit_check() estimates what training the job takes in one process
+ * (ts_model_estimate: parameters, gradients, optimizer state, a rough
+ * activation figure at the job's batch) and compares it with the memory
+ * available to this process: the room left under the cgroup memory limit
+ * of this process's cgroup and its ancestors (v2 memory.max, v1
+ * memory.limit_in_bytes), or MemAvailable of /proc/meminfo, whichever is
+ * smaller. A model that does not fit is refused with the numbers, instead of
+ * being found out by the OOM killer; callers offer --force to try anyway.
+ */
+#ifndef TS_WORKER_FIT_H
+#define TS_WORKER_FIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/job.h"
+
+/* Bytes this process may still allocate, and where the figure comes from
+ * ("cgroup limit /sys/fs/cgroup/...", "MemAvailable"). */
+ts_status ts_fit_available(uint64_t *bytes, char *source, size_t cap);
+
+/* TS_OK when training job's model fits in available bytes, else
+ * TS_ERR_MEMORY: "model: cnn of 3.78e+09 parameters needs about 60.3 GiB to
+ * train (parameters 14.1, gradients 14.1, optimizer state 28.1, activations
+ * 4.0 GiB at batch 128) but 21.5 GiB are available (MemAvailable); ...". */
+ts_status ts_fit_check(const ts_job *job, uint64_t available, const char *source);
+
+/* ts_fit_check against ts_fit_available(). */
+ts_status ts_fit_check_here(const ts_job *job);
+
+#endif
