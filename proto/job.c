@@ -44,7 +44,9 @@ typedef struct field {
     const struct field *children;  /* FIELD_SECTION, {0}-terminated */
 } field;
 
-static const char *const strategy_names[] = {"local", "standin", NULL};
+static const char *const strategy_names[] = {"local", "standin", "ps", NULL};
+static const char *const consistency_names[] = {"sync", "async", "bounded", NULL};
+static const char *const wire_dtype_names[] = {"f32", "bf16", NULL};
 
 static const char name_charset[] =
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-";
@@ -79,6 +81,10 @@ static const field parallel_fields[] = {
     INT_FIELD("barrier_timeout_ms", parallel.barrier_timeout_ms, "30000", 1,
               86400000),
     INT_FIELD("join_timeout_ms", parallel.join_timeout_ms, "60000", 1, 86400000),
+    ENUM_FIELD("consistency", parallel.consistency, "\"sync\"", consistency_names),
+    INT_FIELD("staleness", parallel.staleness, "2", 0, 1000000),
+    INT_FIELD("ps_replicas", parallel.ps_replicas, "1", 1, 2),
+    ENUM_FIELD("wire_dtype", parallel.wire_dtype, "\"f32\"", wire_dtype_names),
     STRING_FIELD("bind", parallel.bind, "\"127.0.0.1\"", 1, NULL),
     STRING_FIELD("key_file", parallel.key_file, "\"\"", 0, NULL),
     INTS_FIELD("placement", parallel.placement, "[]", 0, 255),
@@ -175,6 +181,14 @@ const char *ts_job_strategy_name(ts_job_strategy s) {
         return "?";
     return strategy_names[s];
 }
+
+const char *ts_job_consistency_name(ts_job_consistency c) {
+    if ((int)c < 0 || (size_t)c >= sizeof consistency_names / sizeof *consistency_names - 1)
+        return "?";
+    return consistency_names[c];
+}
+
+int ts_job_ps_processes(const ts_job *job) { return job->parallel.servers * job->parallel.ps_replicas; }
 
 /* JSON type name as a user would say it. */
 static const char *type_name(const json_t *v) {
@@ -395,6 +409,8 @@ static ts_status finish_job(ts_job *job) {
     if (job->data.val_fraction >= 1)
         return ts_error(TS_ERR_VALUE, "data.val_fraction: %g must be below 1",
                         job->data.val_fraction);
+    if (p->strategy == TS_STRATEGY_PS && p->servers < 1)
+        return ts_error(TS_ERR_VALUE, "parallel.servers: strategy \"ps\" needs at least one shard");
     if (p->heartbeat_timeout_ms <= p->heartbeat_ms)
         return ts_error(TS_ERR_VALUE,
                         "parallel.heartbeat_timeout_ms: %d must exceed "

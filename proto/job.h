@@ -25,7 +25,15 @@
 typedef enum {
     TS_STRATEGY_LOCAL = 0, /* training in one process (issue 4) */
     TS_STRATEGY_STANDIN,   /* replicas in lock step: step-done + barrier */
+    TS_STRATEGY_PS,        /* parameter servers: workers push and pull (issue 13) */
 } ts_job_strategy;
+
+/* When a parameter server applies pushed gradients (parallel.consistency). */
+typedef enum {
+    TS_CONSISTENCY_SYNC = 0, /* the sum of every live worker's push, once per step */
+    TS_CONSISTENCY_ASYNC,    /* each worker's push as it arrives */
+    TS_CONSISTENCY_BOUNDED,  /* as async, no worker more than staleness steps ahead */
+} ts_job_consistency;
 
 enum { TS_JOB_NAME_MAX = 64, TS_JOB_BIND_MAX = 256, TS_JOB_PATH_MAX = 1024 };
 
@@ -38,7 +46,7 @@ typedef struct {
 typedef struct {
     ts_job_strategy strategy;
     int workers;              /* workers started by tessera-run */
-    int servers;              /* parameter-server shards */
+    int servers;              /* parameter-server shards (each ps_replicas processes) */
     int min_workers;          /* job runs while at least this many are alive */
     int max_workers;          /* upper bound for elastic joins */
     int max_restarts;         /* restart budget for failed workers (whole job) */
@@ -46,6 +54,10 @@ typedef struct {
     int heartbeat_timeout_ms; /* silent longer -> declared dead */
     int barrier_timeout_ms;   /* barrier not reached by all -> error */
     int join_timeout_ms;      /* a node waits this long to be admitted */
+    ts_job_consistency consistency; /* strategy "ps" */
+    int staleness;            /* bounded: steps a worker may run ahead */
+    int ps_replicas;          /* processes per shard: 1, or 2 (primary + backup) */
+    int wire_dtype;           /* gradients on the wire: 0 f32, 1 bf16 */
     char bind[TS_JOB_BIND_MAX];         /* host/interface to bind */
     char key_file[TS_JOB_PATH_MAX];     /* "" = tessera-run generates one */
     ts_job_ints placement;    /* virtual-cluster node of the scheduler, each ps,
@@ -168,5 +180,11 @@ ts_status ts_job_node_args_parse(int argc, char **argv, bool need_scheduler, ts_
 
 /* Name of a strategy ("standin"). */
 const char *ts_job_strategy_name(ts_job_strategy s);
+
+/* Name of a consistency ("sync", "async", "bounded"). */
+const char *ts_job_consistency_name(ts_job_consistency c);
+
+/* The parameter-server processes of the job: servers * ps_replicas. */
+int ts_job_ps_processes(const ts_job *job);
 
 #endif

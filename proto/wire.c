@@ -24,6 +24,13 @@ const char *ts_proto_type_name(uint32_t t) {
     case TS_MSG_PULL: return "pull";
     case TS_MSG_PULL_REPLY: return "pull-reply";
     case TS_MSG_COLLECTIVE: return "collective";
+    case TS_MSG_ACK: return "ack";
+    case TS_MSG_COMMIT: return "commit";
+    case TS_MSG_COMMIT_REPLY: return "commit-reply";
+    case TS_MSG_APPLY: return "apply";
+    case TS_MSG_REDUCE: return "reduce";
+    case TS_MSG_REDUCE_REPLY: return "reduce-reply";
+    case TS_MSG_ROLLBACK: return "rollback";
     default: return "unknown";
     }
 }
@@ -56,6 +63,9 @@ const char *ts_proto_error_name(uint32_t e) {
     case TS_PROTO_E_RENDEZVOUS_TIMEOUT: return "rendezvous-timeout";
     case TS_PROTO_E_NOT_FOUND: return "not-found";
     case TS_PROTO_E_INTERNAL: return "internal";
+    case TS_PROTO_E_REDO: return "redo";
+    case TS_PROTO_E_BEHIND: return "behind";
+    case TS_PROTO_E_RETRY: return "retry";
     default: return "unknown";
     }
 }
@@ -64,7 +74,10 @@ ts_status ts_proto_error_status(ts_proto_error e) {
     switch (e) {
     case TS_PROTO_OK: return TS_OK;
     case TS_PROTO_E_GENERATION:
-    case TS_PROTO_E_UNEXPECTED: return TS_ERR_STATE;
+    case TS_PROTO_E_UNEXPECTED:
+    case TS_PROTO_E_REDO:
+    case TS_PROTO_E_BEHIND: return TS_ERR_STATE;
+    case TS_PROTO_E_RETRY: return TS_ERR_TIMEOUT;
     case TS_PROTO_E_JOB:
     case TS_PROTO_E_REFUSED: return TS_ERR_PEER;
     case TS_PROTO_E_RANGE: return TS_ERR_INDEX;

@@ -72,12 +72,19 @@ typedef enum {
     TS_MSG_BLOB_PUT = 12,    /* node -> scheduler: key, 1 payload frame = bytes */
     TS_MSG_BLOB_GET = 13,    /* node -> scheduler: key */
     TS_MSG_BLOB_REPLY = 14,  /* scheduler -> node: key, found, payload if found */
-    /* Reserved for the parallel strategies (later issues): common fields
-     * only (dtype, ranges, payload frames). */
-    TS_MSG_PUSH = 32,
-    TS_MSG_PULL = 33,
-    TS_MSG_PULL_REPLY = 34,
+    /* The parallel strategies. PUSH, PULL, PULL_REPLY and ACK through
+     * ROLLBACK are the parameter-server conversation (ps/README.md). */
+    TS_MSG_PUSH = 32,        /* worker -> shard: gradients of step "s" for ranges "rg" */
+    TS_MSG_PULL = 33,        /* worker -> shard: parameters of ranges "rg" at step >= "s" */
+    TS_MSG_PULL_REPLY = 34,  /* shard -> worker: parameters at step "s", data position "ep"/"of" */
     TS_MSG_COLLECTIVE = 35,
+    TS_MSG_ACK = 40,         /* shard -> worker / backup -> primary: done (PUSH, ROLLBACK, forwards) */
+    TS_MSG_COMMIT = 41,      /* worker -> shard: its pushes of step "s" are complete; 1 f64 frame */
+    TS_MSG_COMMIT_REPLY = 42,/* shard -> worker: the step is decided; 1 f64 frame */
+    TS_MSG_APPLY = 43,       /* worker -> shard: apply decided step "s"; 1 f64 frame */
+    TS_MSG_REDUCE = 44,      /* worker -> shard: sum f64 values "bi" of step "s" over the workers */
+    TS_MSG_REDUCE_REPLY = 45,/* shard -> worker: the sums; 1 f64 frame */
+    TS_MSG_ROLLBACK = 46,    /* worker -> shard: return to the checkpoint of step "s" */
 } ts_proto_type;
 
 /* Decode/validation outcomes and ERROR message codes ("co"). Values are part
@@ -111,6 +118,9 @@ typedef enum {
     TS_PROTO_E_RENDEZVOUS_TIMEOUT = 35,/* too few nodes joined in time */
     TS_PROTO_E_NOT_FOUND = 36,   /* unknown blob key or similar */
     TS_PROTO_E_INTERNAL = 37,    /* the replying process failed internally */
+    TS_PROTO_E_REDO = 38,        /* the workers changed: compute step "s" again in generation "g" */
+    TS_PROTO_E_BEHIND = 39,      /* the shard restarted at step "s": roll the job back to it */
+    TS_PROTO_E_RETRY = 40,       /* not now (generation not seen yet, not the primary): send again */
 } ts_proto_error;
 
 /* Node roles ("ro", roster entries). */
@@ -199,8 +209,8 @@ typedef struct {
     /* HEARTBEAT */
     int64_t last_barrier;       /* "lb" last barrier id reached, -1 none */
 
-    /* BARRIER, BARRIER_RELEASE */
-    int64_t barrier_id;         /* "bi" */
+    /* BARRIER, BARRIER_RELEASE, REDUCE, REDUCE_REPLY */
+    int64_t barrier_id;         /* "bi" barrier, or the reduction's number within its step */
 
     /* ERROR, SHUTDOWN */
     uint32_t code;                       /* "co" ts_proto_error (ERROR) or exit code (SHUTDOWN) */
@@ -209,6 +219,10 @@ typedef struct {
     /* BLOB_PUT, BLOB_GET, BLOB_REPLY (blob bytes are payload frame 1) */
     char key[TS_PROTO_KEY_MAX + 1];      /* "bk" */
     bool found;                          /* "fd" BLOB_REPLY */
+
+    /* PULL_REPLY: the data-loader position after the step of the parameters */
+    int64_t epoch;                       /* "ep" */
+    int64_t offset;                      /* "of" */
 
     /* STATUS_REPLY */
     char phase[TS_PROTO_PHASE_MAX + 1];  /* "ph" e.g. "rendezvous", "running", "done" */

@@ -75,7 +75,7 @@ typedef struct {
 enum {
     K_V, K_T, K_JOB, K_G, K_S, K_R, K_LN, K_DT, K_RG, K_RO, K_AD, K_CA, K_PR, K_RK,
     K_ROS, K_NS, K_HB, K_HT, K_BT, K_LB, K_BI, K_CO, K_RE, K_BK, K_FD, K_PH, K_MN,
-    K_MX, K_COUNT
+    K_MX, K_EP, K_OF, K_COUNT
 };
 
 static const field_desc FIELDS[K_COUNT] = {
@@ -107,6 +107,8 @@ static const field_desc FIELDS[K_COUNT] = {
     [K_PH] = {"ph", "phase", F_STR, M(phase), 0, 0},
     [K_MN] = {"mn", "min_workers", F_UINT, M(min_workers), 0, UINT32_MAX},
     [K_MX] = {"mx", "max_workers", F_UINT, M(max_workers), 0, UINT32_MAX},
+    [K_EP] = {"ep", "epoch", F_INT, M(epoch), 0, INT64_MAX},
+    [K_OF] = {"of", "offset", F_INT, M(offset), 0, INT64_MAX},
 };
 
 /* A roster entry is a positional array with these elements. */
@@ -136,6 +138,7 @@ static const uint8_t *type_fields(uint32_t t, size_t *n) {
     static const uint8_t status_reply[] = {K_ROS, K_NS, K_PH, K_MN, K_MX};
     static const uint8_t blob[] = {K_BK};
     static const uint8_t blob_reply[] = {K_BK, K_FD};
+    static const uint8_t pull_reply[] = {K_EP, K_OF};
 #define LIST(a) (*n = sizeof a, a)
     switch (t) {
     case TS_MSG_JOIN: return LIST(join);
@@ -147,6 +150,8 @@ static const uint8_t *type_fields(uint32_t t, size_t *n) {
     case TS_MSG_STATUS_REPLY: return LIST(status_reply);
     case TS_MSG_BLOB_PUT: case TS_MSG_BLOB_GET: return LIST(blob);
     case TS_MSG_BLOB_REPLY: return LIST(blob_reply);
+    case TS_MSG_PULL_REPLY: return LIST(pull_reply);
+    case TS_MSG_REDUCE: case TS_MSG_REDUCE_REPLY: return LIST(barrier);
     default: *n = 0; return NULL;
     }
 #undef LIST
@@ -154,6 +159,12 @@ static const uint8_t *type_fields(uint32_t t, size_t *n) {
 
 /* True for types whose payload frames carry tensor data (any number). */
 static bool carries_data(uint32_t t) { return t >= TS_MSG_PUSH && t <= TS_MSG_COLLECTIVE; }
+
+/* True for types that carry exactly one frame of f64 values. */
+static bool carries_values(uint32_t t) {
+    return t == TS_MSG_COMMIT || t == TS_MSG_COMMIT_REPLY || t == TS_MSG_APPLY || t == TS_MSG_REDUCE ||
+           t == TS_MSG_REDUCE_REPLY;
+}
 
 /* ---- integer storage --------------------------------------------------- */
 
@@ -542,10 +553,14 @@ static ts_proto_error check_payload(const dctx *c, const ts_proto_msg *m,
     bool exact = true;
     if (m->type == TS_MSG_BLOB_PUT) want = 1;
     else if (m->type == TS_MSG_BLOB_REPLY) want = m->found ? 1 : 0;
+    else if (carries_values(m->type)) want = 1;
     else if (carries_data(m->type)) exact = false;
     if (exact && npayload != want)
         return fail(TS_PROTO_E_PAYLOAD_LEN, "%s: carries %zu payload frames, expected %zu",
                     c->tname, npayload, want);
+    if (carries_values(m->type) && (payload[0].size == 0 || payload[0].size % 8 != 0))
+        return fail(TS_PROTO_E_PAYLOAD_LEN, "%s: its values frame has %zu bytes, not a whole number of "
+                    "f64 values", c->tname, payload[0].size);
     if ((m->type == TS_MSG_PUSH || m->type == TS_MSG_PULL_REPLY) && m->dtype && m->nranges) {
         uint64_t elems = 0, bytes = 0;
         for (size_t i = 0; i < m->nranges; i++)

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/optim/optim.h"
+#include "proto/job_model.h"
 #include "worker/trainer.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -82,11 +83,10 @@ ts_status ts_fit_available(uint64_t *bytes, char *source, size_t cap) {
 
 ts_status ts_fit_check(const ts_job *job, uint64_t available, const char *source) {
     ts_model_spec spec;
-    ts_status st = ts_trainer_spec(job, &spec);
+    ts_status st = ts_job_model_spec(job, &spec);
     if (st) return st;
-    static const ts_optim_kind kinds[] = {TS_OPTIM_SGD, TS_OPTIM_ADAM, TS_OPTIM_ADAMW};
-    ts_optim_config oc = ts_optim_defaults(kinds[job->optimizer.kind]);
-    oc.momentum = job->optimizer.momentum;
+    ts_optim_config oc;
+    if ((st = ts_job_optim_config(job, &oc))) return st;
     ts_model_memory e;
     if ((st = ts_model_estimate(&spec, job->train.batch_size, ts_optim_state_slots(&oc), job->train.bf16, &e)))
         return st;

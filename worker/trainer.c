@@ -17,40 +17,8 @@
 #include "kernels/ops/loss.h"
 #include "kernels/ops/view.h"
 #include "kernels/optim/clip.h"
+#include "proto/job_model.h"
 #include "worker/metrics.h"
-
-ts_status ts_trainer_spec(const ts_job *job, ts_model_spec *spec) {
-    const ts_job_model *m = &job->model;
-    memset(spec, 0, sizeof *spec);
-    switch (m->arch) {
-    case TS_JOB_MLP:
-        if (job->data.kind != TS_JOB_FASHION_MNIST)
-            return ts_error(TS_ERR_VALUE, "model.arch: mlp needs data.kind fashion_mnist");
-        spec->arch = TS_ARCH_MLP;
-        spec->widths[spec->n_widths++] = 28 * 28;
-        for (int i = 0; i < m->hidden.n; i++) spec->widths[spec->n_widths++] = m->hidden.v[i];
-        spec->widths[spec->n_widths++] = 10;
-        break;
-    case TS_JOB_CNN:
-        if (job->data.kind != TS_JOB_FASHION_MNIST)
-            return ts_error(TS_ERR_VALUE, "model.arch: cnn needs data.kind fashion_mnist");
-        spec->arch = TS_ARCH_CNN;
-        spec->in_ch = 1;
-        spec->img = 28;
-        spec->ch1 = m->ch1;
-        spec->ch2 = m->ch2;
-        spec->kernel = m->kernel;
-        spec->classes = 10;
-        break;
-    case TS_JOB_GPT:
-        if (job->data.kind != TS_JOB_TEXT) return ts_error(TS_ERR_VALUE, "model.arch: gpt needs data.kind text");
-        spec->arch = TS_ARCH_GPT;
-        spec->gpt = (ts_gpt_config){TS_TEXT_VOCAB, m->block_size, m->n_layer, m->n_head, m->n_embd, m->dropout};
-        spec->checkpoint = m->checkpoint;
-        break;
-    }
-    return ts_model_units(spec) < 0 ? ts_last_status() : TS_OK;
-}
 
 /* ---- data ---- */
 
@@ -95,32 +63,15 @@ static ts_status data_error(const ts_job *job) {
 
 /* Optimizer config, schedule and weight-decay groups from the job. */
 static ts_status setup_optimizer(ts_trainer *t) {
-    const ts_job_optimizer *o = &t->job.optimizer;
-    static const ts_optim_kind kinds[] = {TS_OPTIM_SGD, TS_OPTIM_ADAM, TS_OPTIM_ADAMW};
-    t->optim = ts_optim_defaults(kinds[o->kind]);
-    t->optim.weight_decay = o->weight_decay;
-    t->optim.momentum = o->momentum;
-    t->optim.nesterov = o->nesterov;
-    t->optim.beta1 = o->beta1;
-    t->optim.beta2 = o->beta2;
-    t->optim.eps = o->eps;
-    ts_status st = ts_optim_check(&t->optim);
+    ts_status st = ts_job_optim_config(&t->job, &t->optim);
     if (st) return st;
     const ts_job_schedule *s = &t->job.schedule;
     static const ts_schedule_kind skinds[] = {TS_SCHEDULE_CONSTANT, TS_SCHEDULE_STEP, TS_SCHEDULE_COSINE};
-    t->schedule = (ts_schedule){skinds[s->kind], o->lr, s->step_size, s->gamma, s->warmup_steps, t->total_steps,
-                                s->min_lr};
+    t->schedule = (ts_schedule){skinds[s->kind], t->job.optimizer.lr, s->step_size, s->gamma, s->warmup_steps,
+                                t->total_steps, s->min_lr};
     if ((st = ts_schedule_check(&t->schedule))) return st;
-    ts_model *m = t->model;
-    ts_optim_named *named = calloc((size_t)m->n_params, sizeof *named);
-    if (!named) return ts_error(TS_ERR_MEMORY, "trainer: out of memory");
-    for (int i = 0; i < m->n_params; i++)
-        named[i] = (ts_optim_named){m->params[i].name, m->params[i].ndim, m->params[i].offset, m->params[i].numel};
-    static const char *const no_decay[] = {"*.bias", "*ln*"};
-    ts_optim_decay_rule rule = {2, no_decay, 2};
-    st = ts_optim_groups_build(&t->groups, m->numel, named, m->n_params, &rule);
-    free(named);
-    if (!st) st = ts_model_alloc_state(m, ts_optim_state_slots(&t->optim));
+    st = ts_job_optim_groups(t->model, &t->groups);
+    if (!st) st = ts_model_alloc_state(t->model, ts_optim_state_slots(&t->optim));
     return st;
 }
 
@@ -168,7 +119,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     t->job_text = strdup(job_text ? job_text : "{}");
     snprintf(t->run_dir, sizeof t->run_dir, "%s", run_dir ? run_dir : "");
     int first = 0, end = -1;
-    ts_status st = ts_trainer_spec(job, &t->spec);
+    ts_status st = ts_job_model_spec(job, &t->spec);
     if (!st) st = s->ops->units(s, &t->spec, &first, &end);
     if (!st && (job->data.kind == TS_JOB_FASHION_MNIST ? load_images(t) : load_text(t))) st = data_error(job);
     if (!st) {

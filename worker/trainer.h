@@ -109,7 +109,4 @@ ts_status ts_trainer_save(ts_trainer *t, char *path, size_t cap);
  * non-zero (SIGINT). */
 ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop);
 
-/* Builds the model spec a job describes. */
-ts_status ts_trainer_spec(const ts_job *job, ts_model_spec *spec);
-
 #endif

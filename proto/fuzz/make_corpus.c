@@ -10,7 +10,8 @@ static const uint32_t TYPES[] = {
     TS_MSG_JOIN, TS_MSG_JOIN_ACK, TS_MSG_HEARTBEAT, TS_MSG_MEMBERSHIP, TS_MSG_BARRIER,
     TS_MSG_BARRIER_RELEASE, TS_MSG_STEP_DONE, TS_MSG_ERROR, TS_MSG_SHUTDOWN, TS_MSG_STATUS,
     TS_MSG_STATUS_REPLY, TS_MSG_BLOB_PUT, TS_MSG_BLOB_GET, TS_MSG_BLOB_REPLY, TS_MSG_PUSH,
-    TS_MSG_PULL, TS_MSG_PULL_REPLY, TS_MSG_COLLECTIVE,
+    TS_MSG_PULL, TS_MSG_PULL_REPLY, TS_MSG_COLLECTIVE, TS_MSG_ACK, TS_MSG_COMMIT,
+    TS_MSG_COMMIT_REPLY, TS_MSG_APPLY, TS_MSG_REDUCE, TS_MSG_REDUCE_REPLY, TS_MSG_ROLLBACK,
 };
 
 /* Fills m (type t) with valid values; returns the payload frame count and
@@ -40,12 +41,21 @@ static size_t fill(ts_proto_msg *m, uint32_t t, uint64_t *lens) {
     strcpy(m->phase, "running");
     m->min_workers = 1;
     m->max_workers = 4;
+    m->epoch = 2;
+    m->offset = 4096;
     if (t == TS_MSG_JOIN_ACK || t == TS_MSG_MEMBERSHIP || t == TS_MSG_STATUS_REPLY)
         ts_proto_msg_set_roster(m, roster, 2);
     if (t == TS_MSG_BLOB_PUT || t == TS_MSG_BLOB_REPLY) {
         lens[0] = 16;
         return 1;
     }
+    if (t == TS_MSG_COMMIT || t == TS_MSG_COMMIT_REPLY || t == TS_MSG_APPLY || t == TS_MSG_REDUCE ||
+        t == TS_MSG_REDUCE_REPLY) {
+        m->dtype = TS_PROTO_DT_F64;
+        lens[0] = 32;
+        return 1;
+    }
+    if (t == TS_MSG_ACK || t == TS_MSG_ROLLBACK) return 0;
     if (t >= TS_MSG_PUSH) {
         m->dtype = TS_PROTO_DT_F32;
         ts_proto_msg_set_ranges(m, ranges, 2);

@@ -22,7 +22,8 @@ static const uint32_t ALL_TYPES[] = {
     TS_MSG_JOIN, TS_MSG_JOIN_ACK, TS_MSG_HEARTBEAT, TS_MSG_MEMBERSHIP, TS_MSG_BARRIER,
     TS_MSG_BARRIER_RELEASE, TS_MSG_STEP_DONE, TS_MSG_ERROR, TS_MSG_SHUTDOWN, TS_MSG_STATUS,
     TS_MSG_STATUS_REPLY, TS_MSG_BLOB_PUT, TS_MSG_BLOB_GET, TS_MSG_BLOB_REPLY, TS_MSG_PUSH,
-    TS_MSG_PULL, TS_MSG_PULL_REPLY, TS_MSG_COLLECTIVE,
+    TS_MSG_PULL, TS_MSG_PULL_REPLY, TS_MSG_COLLECTIVE, TS_MSG_ACK, TS_MSG_COMMIT,
+    TS_MSG_COMMIT_REPLY, TS_MSG_APPLY, TS_MSG_REDUCE, TS_MSG_REDUCE_REPLY, TS_MSG_ROLLBACK,
 };
 #define NTYPES (sizeof ALL_TYPES / sizeof ALL_TYPES[0])
 
@@ -77,7 +78,19 @@ static void sample(ts_proto_msg *m, uint32_t t) {
         strcpy(m->key, "nccl-unique-id");
         m->found = true;
         break;
+    case TS_MSG_COMMIT:
+    case TS_MSG_COMMIT_REPLY:
+    case TS_MSG_APPLY:
+    case TS_MSG_REDUCE:
+    case TS_MSG_REDUCE_REPLY:
+        m->dtype = TS_PROTO_DT_F64;
+        m->barrier_id = 2;
+        break;
+    case TS_MSG_ACK:
+    case TS_MSG_ROLLBACK: break;
     default: {
+        m->epoch = 3;
+        m->offset = 1280;
         ts_proto_range rg[2] = {{0, 4}, {10, 2}};
         m->dtype = TS_PROTO_DT_F32;
         assert_int_equal(ts_proto_msg_set_ranges(m, rg, 2), TS_OK);
@@ -96,6 +109,10 @@ static size_t sample_payload(uint32_t t, ts_proto_frame *fr, const float *data) 
         fr[0] = (ts_proto_frame){data, 16};
         fr[1] = (ts_proto_frame){data + 4, 8};
         return 2;
+    }
+    if (t >= TS_MSG_COMMIT && t <= TS_MSG_REDUCE_REPLY) {
+        fr[0] = (ts_proto_frame){data, 24};
+        return 1;
     }
     return 0;
 }
@@ -173,7 +190,13 @@ static void assert_same(const ts_proto_msg *a, const ts_proto_msg *b) {
         break;
     case TS_MSG_HEARTBEAT: assert_int_equal(a->last_barrier, b->last_barrier); break;
     case TS_MSG_BARRIER:
-    case TS_MSG_BARRIER_RELEASE: assert_int_equal(a->barrier_id, b->barrier_id); break;
+    case TS_MSG_BARRIER_RELEASE:
+    case TS_MSG_REDUCE:
+    case TS_MSG_REDUCE_REPLY: assert_int_equal(a->barrier_id, b->barrier_id); break;
+    case TS_MSG_PULL_REPLY:
+        assert_int_equal(a->epoch, b->epoch);
+        assert_int_equal(a->offset, b->offset);
+        break;
     case TS_MSG_ERROR:
     case TS_MSG_SHUTDOWN:
         assert_int_equal(a->code, b->code);
@@ -520,6 +543,19 @@ static void test_payload_mismatch(void **state) {
     sample(&m, TS_MSG_HEARTBEAT);
     nf = encode_frames(&m, pay, 1, fr);
     expect(ts_proto_decode(fr, nf, &lim, &d), TS_PROTO_E_PAYLOAD_LEN, "heartbeat: carries 1");
+    free((void *)fr[0].data);
+    ts_proto_msg_free(&m);
+    /* a values message without its frame, with two, or with a partial f64 */
+    sample(&m, TS_MSG_COMMIT);
+    nf = encode_frames(&m, pay, 0, fr);
+    expect(ts_proto_decode(fr, nf, &lim, &d), TS_PROTO_E_PAYLOAD_LEN, "commit: carries 0");
+    free((void *)fr[0].data);
+    nf = encode_frames(&m, pay, 2, fr);
+    expect(ts_proto_decode(fr, nf, &lim, &d), TS_PROTO_E_PAYLOAD_LEN, "commit: carries 2");
+    free((void *)fr[0].data);
+    pay[0].size = 12;
+    nf = encode_frames(&m, pay, 1, fr);
+    expect(ts_proto_decode(fr, nf, &lim, &d), TS_PROTO_E_PAYLOAD_LEN, "12 bytes, not a whole number");
     free((void *)fr[0].data);
     ts_proto_msg_free(&m);
     /* too many frames */
