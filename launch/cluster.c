@@ -64,7 +64,7 @@ void ts_cluster_scheduler_args(ts_argv *a, const ts_job *job,
     ts_argv_push(a, key_file);
     ts_argv_pushf(a, "--min-workers=%d", p->min_workers);
     ts_argv_pushf(a, "--max-workers=%d", p->max_workers);
-    ts_argv_pushf(a, "--servers=%d", p->servers);
+    ts_argv_pushf(a, "--servers=%d", ts_job_ps_processes(job));
     ts_argv_pushf(a, "--heartbeat-ms=%d", p->heartbeat_ms);
     ts_argv_pushf(a, "--heartbeat-timeout-ms=%d", p->heartbeat_timeout_ms);
     ts_argv_pushf(a, "--barrier-timeout-ms=%d", p->barrier_timeout_ms);
@@ -164,6 +164,8 @@ static void spawn_node(cluster *cl, slot *sl) {
     if (sl->node >= 0) /* it binds its own node's address */
         ts_argv_pushf(&a, "--set=parallel.bind=%s", cl->netsim->addr[sl->node]);
     if (sl->rank >= 0) ts_argv_pushf(&a, "--rank=%d", sl->rank);
+    if (cl->o->resume || (sl->role == TS_ROLE_PS && sl->rank >= 0)) /* a restarted ps takes its checkpoint */
+        ts_argv_push(&a, "--resume");
     ts_child *c = NULL;
     if (ts_argv_ok(&a)) {
         const char *prog = sl->role == TS_ROLE_PS ? "tessera-ps" : "tessera-worker";
@@ -207,9 +209,9 @@ static void scheduler_ready(cluster *cl, const char *endpoint) {
         fprintf(stderr, "[run] warning: cannot write %s: %s\n", path,
                 strerror(errno));
     fprintf(stderr, "[run] scheduler at %s; starting %d ps and %d workers\n",
-            cl->addr, cl->o->job.parallel.servers, cl->o->job.parallel.workers);
+            cl->addr, ts_job_ps_processes(&cl->o->job), cl->o->job.parallel.workers);
     cl->phase = PHASE_RUNNING;
-    for (int i = 0; i < cl->o->job.parallel.servers && cl->phase == PHASE_RUNNING; i++)
+    for (int i = 0; i < ts_job_ps_processes(&cl->o->job) && cl->phase == PHASE_RUNNING; i++)
         spawn_node(cl, &cl->ps[i]);
     for (int i = 0; i < cl->o->job.parallel.workers && cl->phase == PHASE_RUNNING; i++)
         spawn_node(cl, &cl->workers[i]);
@@ -236,7 +238,7 @@ static int on_line(ts_child *c, const char *line) {
 
 /* True when no ps or worker process is running any more. */
 static int nodes_gone(const cluster *cl) {
-    for (int i = 0; i < cl->o->job.parallel.servers; i++)
+    for (int i = 0; i < ts_job_ps_processes(&cl->o->job); i++)
         if (cl->ps[i].child) return 0;
     for (int i = 0; i < cl->o->job.parallel.workers; i++)
         if (cl->workers[i].child) return 0;
@@ -292,7 +294,7 @@ static void on_done(ts_child *c) {
         }
     } else if (!ok && cl->phase == PHASE_RUNNING) {
         const ts_job_parallel *p = &cl->o->job.parallel;
-        if (sl->role == TS_ROLE_WORKER && cl->restarts_used < p->max_restarts) {
+        if (cl->restarts_used < p->max_restarts) {
             cl->restarts_used++;
             fprintf(stderr, "[run] %s%s; restarting it (restart %d of %d)\n",
                     what, reason, cl->restarts_used, p->max_restarts);
@@ -305,6 +307,9 @@ static void on_done(ts_child *c) {
         } else if (sl->role == TS_ROLE_WORKER) {
             fail_node(cl, "%s, restart budget %d used up%s", what, p->max_restarts,
                       reason);
+        } else if (sl->role == TS_ROLE_PS && p->ps_replicas > 1) {
+            fprintf(stderr, "[run] %s, restart budget %d used up; its shard goes on "
+                            "with its replica\n", what, p->max_restarts);
         } else {
             fail_node(cl, "%s%s", what, reason);
         }
@@ -377,7 +382,7 @@ static ts_status place(cluster *cl) {
     cl->sched.node = ts_netsim_node(cl->netsim, &p->placement, k++);
     fprintf(stderr, "[run] on virtual cluster %s (%d nodes): scheduler n%d", name,
             cl->netsim->n, cl->sched.node);
-    for (int i = 0; i < p->servers; i++) {
+    for (int i = 0; i < ts_job_ps_processes(&cl->o->job); i++) {
         cl->ps[i].node = ts_netsim_node(cl->netsim, &p->placement, k++);
         fprintf(stderr, "%s n%d", i ? "" : ", ps", cl->ps[i].node);
     }
@@ -445,8 +450,9 @@ static ts_status start_scheduler(cluster *cl) {
 
 int ts_cluster_run(const ts_cluster_opts *o) {
     const ts_job_parallel *p = &o->job.parallel;
+    int nps = ts_job_ps_processes(&o->job);
     cluster *cl = calloc(1, sizeof *cl);
-    slot *slots = calloc((size_t)(p->servers + p->workers), sizeof *slots);
+    slot *slots = calloc((size_t)(nps + p->workers), sizeof *slots);
     if (!cl || !slots) {
         fprintf(stderr, "tessera-run: out of memory\n");
         free(cl);
@@ -456,9 +462,9 @@ int ts_cluster_run(const ts_cluster_opts *o) {
     cl->o = o;
     cl->stop_signal = SIGTERM;
     cl->ps = slots;
-    cl->workers = slots + p->servers;
+    cl->workers = slots + nps;
     cl->sched = (slot){TS_ROLE_SCHEDULER, -1, NULL, 0, -1};
-    for (int i = 0; i < p->servers; i++) cl->ps[i] = (slot){TS_ROLE_PS, -1, NULL, 0, -1};
+    for (int i = 0; i < nps; i++) cl->ps[i] = (slot){TS_ROLE_PS, -1, NULL, 0, -1};
     for (int i = 0; i < p->workers; i++)
         cl->workers[i] = (slot){TS_ROLE_WORKER, -1, NULL, 0, -1};
 
@@ -489,7 +495,7 @@ int ts_cluster_run(const ts_cluster_opts *o) {
     uv_unref((uv_handle_t *)&cl->drain_timer);
 
     fprintf(stderr, "[run] job %s (%s): %d ps, %d workers, %lld steps; run folder %s\n",
-            o->job.name, ts_job_strategy_name(p->strategy), p->servers, p->workers,
+            o->job.name, ts_job_strategy_name(p->strategy), nps, p->workers,
             (long long)o->job.steps, cl->run_dir);
     if (start_scheduler(cl) != TS_OK) fail(cl, 1, "%s", ts_last_error());
     uv_run(&cl->loop, UV_RUN_DEFAULT);

@@ -4,12 +4,16 @@
  * unless parallel.key_file is given, scheduler.addr once known, cluster.log
  * with every child line), starts tessera-scheduler on port 0, reads its
  * "listening ENDPOINT" line, then starts the ps and worker processes,
- * supervises them (restarting failed workers within parallel.max_restarts,
- * asking for their old rank) and stops everything on completion, failure
- * or SIGINT/SIGTERM. Every exit path leaves no child running.
+ * supervises them (restarting failed nodes within parallel.max_restarts,
+ * asking for their old rank; a restarted ps resumes from its checkpoint)
+ * and stops everything on completion, failure or SIGINT/SIGTERM. Every
+ * exit path leaves no child running. With resume every node continues from
+ * the checkpoints of run_dir.
  */
 #ifndef TS_CLUSTER_H
 #define TS_CLUSTER_H
+
+#include <stdbool.h>
 
 #include "launch/argv.h"
 #include "proto/job.h"
@@ -19,6 +23,7 @@ typedef struct {
     char *const *sets;        /* --set overrides, passed on to children */
     int nsets;
     const char *run_dir;      /* NULL = runs/<name>-<timestamp> */
+    bool resume;              /* continue the job in run_dir from its checkpoints */
     ts_job job;               /* the job, overrides applied */
 } ts_cluster_opts;
 

@@ -11,12 +11,14 @@
 #include "launch/launch.h"
 #include "launch/supervise.h"
 #include "launch/train.h"
+#include "worker/trainer.h"
 
 static const char usage[] =
     "usage:\n"
     "  tessera-run JOB.json [--set key.path=value]... [--run-dir DIR]\n"
     "      run the job: a local cluster of 1 scheduler, parallel.servers ps\n"
-    "      and parallel.workers workers (strategy \"standin\")\n"
+    "      (times parallel.ps_replicas) and parallel.workers workers (strategies\n"
+    "      \"ps\" and \"standin\"); with --resume --run-dir DIR it continues there\n"
     "  tessera-run --join ADDRESS --key-file PATH JOB.json [--set ...] [--rank N]\n"
     "      start one more worker against the running job at ADDRESS\n"
     "  tessera-run --status ADDRESS --key-file PATH\n"
@@ -26,7 +28,7 @@ static const char usage[] =
     "      ranks are ps, the rest workers (--role sets it for MPMD launches)\n"
     "  tessera-run JOB.json --resume [--run-dir DIR]\n"
     "      strategy \"local\": train in this process, resuming from the newest\n"
-    "      checkpoint of the run folder\n"
+    "      checkpoint of the run folder (a cluster job needs --run-dir)\n"
     "      (--force: train even when the model's memory estimate exceeds\n"
     "      the memory available)\n"
     "  tessera-run --eval CHECKPOINT_DIR\n"
@@ -222,10 +224,24 @@ int main(int argc, char **argv) {
         if (!code) printf("chart: %s\n", png);
     } else {
         ts_cluster_opts o = {.job_path = c.job_path, .sets = c.sets,
-                             .nsets = c.nsets, .run_dir = c.run_dir};
+                             .nsets = c.nsets, .run_dir = c.run_dir, .resume = c.resume};
         if (ts_job_load(c.job_path, (const char *const *)c.sets, c.nsets, &o.job) !=
             TS_OK) {
             fprintf(stderr, "tessera-run: %s\n", ts_last_error());
+            free(c.sets);
+            return 2;
+        }
+        /* the scheduler ends a job by its steps: count the epochs' */
+        if (o.job.parallel.strategy == TS_STRATEGY_PS &&
+            ts_trainer_steps(&o.job, o.job.parallel.workers, &o.job.steps) != TS_OK) {
+            fprintf(stderr, "tessera-run: %s\n", ts_last_error());
+            free(c.sets);
+            return 2;
+        }
+        if (c.resume && o.job.parallel.strategy != TS_STRATEGY_LOCAL && c.mode == MODE_RUN &&
+            !c.run_dir) {
+            fprintf(stderr, "tessera-run --resume: a cluster job continues in its run folder: "
+                            "give it with --run-dir DIR\n");
             free(c.sets);
             return 2;
         }

@@ -5,7 +5,7 @@
  * process generates the job key, starts the scheduler in-process and
  * broadcasts its endpoint and the key file bytes; the others write the key
  * to a 0600 file in a private temporary folder. The node then runs in this
- * process (ts_sched_run, ts_ps_standin_run or ts_worker_run) with MPI
+ * process (ts_sched_run, ts_ps_run or ts_worker_run) with MPI
  * initialised, so that its strategy can use MPI, and MPI is finalised after
  * it returns.
  */
@@ -23,7 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ps/standin.h"
+#include "ps/ps.h"
 #include "proto/wire.h"
 #include "proto/secure.h"
 #include "scheduler/sched.h"
@@ -86,9 +86,9 @@ static void public_endpoint(const char *bound, char *out, size_t cap) {
 
 int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
                   char **argv) {
-    if (o->job.parallel.strategy != TS_STRATEGY_STANDIN) {
+    if (o->job.parallel.strategy != TS_STRATEGY_STANDIN && o->job.parallel.strategy != TS_STRATEGY_PS) {
         fprintf(stderr, "tessera-run --mpi: %s: strategy \"%s\" does not run under "
-                        "mpirun (only \"standin\" for now)\n",
+                        "mpirun (\"standin\" and \"ps\" do)\n",
                 o->job_path, ts_job_strategy_name(o->job.parallel.strategy));
         return 2;
     }
@@ -100,7 +100,7 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
 
     ts_job job = o->job;
     ts_proto_role mine;
-    int bad = local_role(role, rank, job.parallel.servers, &mine);
+    int bad = local_role(role, rank, ts_job_ps_processes(&job), &mine);
     int *roles = calloc((size_t)size, sizeof *roles);
     int r = bad ? -1 : (int)mine;
     if (!roles) MPI_Abort(MPI_COMM_WORLD, 1);
@@ -116,19 +116,19 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
         nbad += roles[i] < 0;
     }
     free(roles);
-    if (nbad || nsched != 1 || nworkers < 1) {
+    if (nbad || nsched != 1 || nworkers < 1 || nps % job.parallel.ps_replicas) {
         if (rank == 0 && !nbad)
             fprintf(stderr,
                     "tessera-run --mpi: %d processes give %d schedulers, %d ps and "
                     "%d workers; a job needs one scheduler and at least one worker "
-                    "(mpirun -np %d or more for parallel.servers = %d)\n",
-                    size, nsched, nps, nworkers, job.parallel.servers + 2,
+                    "and %d ps per shard (mpirun -np %d or more for parallel.servers = %d)\n",
+                    size, nsched, nps, nworkers, job.parallel.ps_replicas, ts_job_ps_processes(&job) + 2,
                     job.parallel.servers);
         MPI_Finalize();
         return 2;
     }
     /* the MPI layout decides the world */
-    job.parallel.servers = nps;
+    job.parallel.servers = nps / job.parallel.ps_replicas;
     job.parallel.workers = nworkers;
     if (job.parallel.min_workers > nworkers) job.parallel.min_workers = nworkers;
     if (job.parallel.max_workers < nworkers) job.parallel.max_workers = nworkers;
@@ -200,7 +200,10 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
         code = ts_sched_run(sched);
         ts_sched_destroy(sched);
     } else if (wrote && mine == TS_ROLE_PS) {
-        code = ts_ps_standin_run(endpoint, key_path, &job, -1);
+        char run_dir[TS_JOB_PATH_MAX + 16];
+        ts_worker_run_dir(&job, NULL, run_dir, sizeof run_dir);
+        ts_ps_options po = {.job = &job, .scheduler = endpoint, .key_file = key_path, .rank = -1, .run_dir = run_dir};
+        code = ts_ps_run(&po);
     } else if (wrote) {
         char run_dir[TS_JOB_PATH_MAX + 16];
         ts_worker_run_dir(&job, NULL, run_dir, sizeof run_dir);

@@ -123,6 +123,12 @@ typedef enum {
     TS_PROTO_E_RETRY = 40,       /* not now (generation not seen yet, not the primary): send again */
 } ts_proto_error;
 
+/* The f64 values of a COMMIT (worker -> shard) and of a COMMIT_REPLY (shard
+ * -> worker), in this order (ps/README.md). */
+enum { TS_COMMIT_LOSS_SUM, TS_COMMIT_SAMPLES, TS_COMMIT_SQ_NORM, TS_COMMIT_LR, TS_COMMIT_EPOCH, TS_COMMIT_OFFSET,
+       TS_COMMIT_VALUES };
+enum { TS_DECIDED_LOSS_SUM, TS_DECIDED_SAMPLES, TS_DECIDED_SQ_NORM, TS_DECIDED_WORKERS, TS_DECIDED_VALUES };
+
 /* Node roles ("ro", roster entries). */
 typedef enum {
     TS_ROLE_NONE = 0,

@@ -72,7 +72,8 @@ struct ts_sched {
     size_t nnodes, cap_nodes;
     uint64_t join_counter;
     int32_t next_rank;          /* fresh ranks are never reused */
-    bool change_pending;        /* a join/death/leave awaits a step boundary */
+    bool change_pending;        /* a join/death/leave awaits its generation */
+    bool workers_changed;       /* ... and it concerns workers: it waits for a step boundary */
     bool worker_completed;      /* some worker finished all steps */
     uint64_t bad_messages;
     uint64_t started_ms;

@@ -224,7 +224,7 @@ static void try_start(ts_sched *s)
     uv_timer_stop(&s->rendezvous);
     admit_role(s, TS_ROLE_PS, (size_t)s->cfg.servers, -1);
     admit_role(s, TS_ROLE_WORKER, (size_t)s->cfg.max_workers, -1);
-    s->change_pending = false;
+    s->change_pending = s->workers_changed = false;
     ts_sched_log(TS_SCHED_INFO, "rendezvous complete after %llu ms",
                  (unsigned long long)(sched_now_ms(s) - s->started_ms));
     log_generation(s);
@@ -235,12 +235,12 @@ void sched_advance(ts_sched *s)
 {
     if (s->phase != PHASE_RUNNING || s->stopping)
         return;
-    if (s->change_pending && at_step_boundary(s)) {
+    if (s->change_pending && (!s->workers_changed || at_step_boundary(s))) {
         s->generation++;
         int64_t step = sched_job_step(s);
         admit_role(s, TS_ROLE_PS, (size_t)s->cfg.servers, step);
         admit_role(s, TS_ROLE_WORKER, (size_t)s->cfg.max_workers, step);
-        s->change_pending = false;
+        s->change_pending = s->workers_changed = false;
         log_generation(s);
         size_t w = sched_count(s, NODE_MEMBER, TS_ROLE_WORKER);
         if (w < (size_t)s->cfg.min_workers)
@@ -319,6 +319,7 @@ void sched_on_join(ts_sched *s, const ts_proto_identity *id, const ts_proto_msg 
         try_start(s);
     } else {
         s->change_pending = true;
+        s->workers_changed |= n->role == TS_ROLE_WORKER;
         sched_advance(s);
     }
 }
@@ -349,6 +350,7 @@ static void remove_member(ts_sched *s, sched_node *n, sched_node_state st)
     if (n->role == TS_ROLE_WORKER && s->cfg.steps > 0 && n->last_step >= s->cfg.steps)
         s->worker_completed = true;
     s->change_pending = true;
+    s->workers_changed |= n->role == TS_ROLE_WORKER;
 }
 
 /* Live members of a role the job needs at least: every server, and

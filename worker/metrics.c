@@ -90,18 +90,25 @@ void ts_metrics_step(FILE *jsonl, const ts_step_stats *s, int64_t total_steps) {
         snprintf(rate, sizeof rate, "%.0f tokens/s", s->tokens_per_s);
     else
         snprintf(rate, sizeof rate, "%.0f samples/s", s->samples_per_s);
+    const ts_comm_times *c = &s->comm;
+    double comm = c->push_ms + c->pull_ms + c->wait_ms;
+    char split[128] = "";
+    if (comm > 0)
+        snprintf(split, sizeof split, " (compute %.1f, push %.1f, pull %.1f, wait %.1f)", s->step_ms - comm, c->push_ms,
+                 c->pull_ms, c->wait_ms);
     if (bar_shown) fputc('\r', stderr);
-    printf("step %lld/%lld | loss %.4f | lr %.2e | %s | %.1f ms | mem %.1f MiB (peak %.1f)\n", (long long)s->step,
-           (long long)total_steps, s->loss, s->lr, rate, s->step_ms, (double)s->mem_bytes / (1 << 20),
+    printf("step %lld/%lld | loss %.4f | lr %.2e | %s | %.1f ms%s | mem %.1f MiB (peak %.1f)\n", (long long)s->step,
+           (long long)total_steps, s->loss, s->lr, rate, s->step_ms, split, (double)s->mem_bytes / (1 << 20),
            (double)s->peak_bytes / (1 << 20));
     fflush(stdout);
     progress(s->step, total_steps);
     if (!jsonl) return;
     fprintf(jsonl,
             "{\"kind\":\"step\",\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"step_ms\":%.3f,"
-            "\"samples_per_s\":%.1f,\"tokens_per_s\":%.1f,\"mem_bytes\":%zu,\"peak_bytes\":%zu}\n",
+            "\"samples_per_s\":%.1f,\"tokens_per_s\":%.1f,\"mem_bytes\":%zu,\"peak_bytes\":%zu,"
+            "\"push_ms\":%.3f,\"pull_ms\":%.3f,\"wait_ms\":%.3f}\n",
             (long long)s->step, s->loss, s->lr, s->grad_norm, s->step_ms, s->samples_per_s, s->tokens_per_s,
-            s->mem_bytes, s->peak_bytes);
+            s->mem_bytes, s->peak_bytes, c->push_ms, c->pull_ms, c->wait_ms);
     fflush(jsonl);
 }
 

@@ -103,7 +103,8 @@ int ts_worker_run(const ts_worker_options *o) {
     }
     ts_member *m = NULL;
     if (o->scheduler && !(m = join(o))) return 1;
-    ts_strategy_options so = {.name = ts_job_strategy_name(o->job->parallel.strategy), .member = m};
+    ts_strategy_options so = {.name = ts_job_strategy_name(o->job->parallel.strategy), .member = m,
+                              .key_file = o->key_file};
     ts_strategy *s = ts_strategy_create(&so);
     char *text = s ? job_text(o->job) : NULL;
     ts_trainer *t = s ? ts_trainer_create(o->job, text, o->run_dir, o->resume, s) : NULL;
@@ -116,6 +117,8 @@ int ts_worker_run(const ts_worker_options *o) {
     if (st) {
         fprintf(stderr, "%s: %s\n", o->prog, ts_last_error());
         code = stop_requested ? 130 : 1;
+    } else if (m && !t->strategy->finished) {
+        ts_member_step_done(m, t->step); /* done, evaluation included: the job may end */
     }
     ts_trainer_free(t);
     if (!m) return code;

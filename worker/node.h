@@ -5,7 +5,8 @@
  * memory (worker/fit.h) unless forced; without a scheduler it trains the job in this
  * process (strategy "local"); with one it joins the job (asking again while
  * a restarted worker's old rank is still held), makes the job's strategy on
- * that membership, trains through it, and ends with the scheduler's
+ * that membership, trains through it, reports its last step once the run
+ * (final evaluation included) is over, and ends with the scheduler's
  * SHUTDOWN. SIGINT and SIGTERM stop after the current step with a
  * checkpoint.
  *

@@ -14,6 +14,7 @@ static const struct {
 } strategies[] = {
     {"local", ts_strategy_local_new, false},
     {"standin", ts_strategy_standin_new, true},
+    {"ps", ts_strategy_ps_new, true},
 };
 
 enum { N_STRATEGIES = sizeof strategies / sizeof strategies[0] };

@@ -59,6 +59,14 @@ typedef struct {
     bool leader;
 } ts_group;
 
+/* Where a step's communication time went, in ms (0: none measured). The
+ * strategy fills it by end_step; the trainer reports it with the step. */
+typedef struct {
+    double push_ms; /* sending gradients */
+    double pull_ms; /* waiting for parameters */
+    double wait_ms; /* waiting for the other workers */
+} ts_comm_times;
+
 typedef struct {
     const char *name;
     ts_status (*units)(ts_strategy *s, const ts_model_spec *spec, int *first, int *end);
@@ -83,12 +91,14 @@ struct ts_strategy {
                           * it down): the loop stops without a step */
     ts_member *member;   /* the job's scheduler client; NULL in a local run */
     ts_trainer *trainer; /* set by ts_trainer_create before any hook */
+    ts_comm_times times; /* the step's, zeroed by the trainer before begin_step */
 };
 
 /* What a node needs to make its strategy. */
 typedef struct {
     const char *name;  /* parallel.strategy: "local", "standin", ... */
     ts_member *member; /* NULL: a local run (only "local" accepts it) */
+    const char *key_file; /* with member: the job key file */
 } ts_strategy_options;
 
 /* Makes the strategy called o->name; an unknown name is an error listing
@@ -105,6 +115,7 @@ const char *ts_strategy_names(void);
 /* The constructors of ts_strategy_create's table (strategy_<name>.c). */
 ts_strategy *ts_strategy_local_new(const ts_strategy_options *o);
 ts_strategy *ts_strategy_standin_new(const ts_strategy_options *o);
+ts_strategy *ts_strategy_ps_new(const ts_strategy_options *o);
 
 /* For cluster strategies: takes the generation the scheduler announced
  * since the last call (the first call: the join's) and returns whether

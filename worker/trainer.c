@@ -59,6 +59,27 @@ static ts_status data_error(const ts_job *job) {
                     (long long)job->train.batch_size, block, ts_last_error());
 }
 
+/* Loads the job's data sets into t. */
+static ts_status load_data(ts_trainer *t) {
+    ts_status st = t->job.data.kind == TS_JOB_FASHION_MNIST ? load_images(t) : load_text(t);
+    return st ? data_error(&t->job) : TS_OK;
+}
+
+/* The loader of t's training set for (rank, world) of group g. */
+static ts_loader *make_loader(const ts_trainer *t, const ts_group *g) {
+    const ts_job *job = &t->job;
+    ts_loader_config lc = {.batch_size = job->train.batch_size,
+                           .shuffle = job->data.shuffle,
+                           .seed = (uint64_t)job->seed,
+                           .drop_last = true,
+                           .rank = g->rank,
+                           .world = g->world,
+                           .prefetch = job->data.prefetch};
+    ts_loader *l = ts_loader_create(t->train_set, &lc);
+    if (!l) data_error(job);
+    return l;
+}
+
 /* ---- setup ---- */
 
 /* Optimizer config, schedule and weight-decay groups from the job. */
@@ -121,17 +142,10 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     int first = 0, end = -1;
     ts_status st = ts_job_model_spec(job, &t->spec);
     if (!st) st = s->ops->units(s, &t->spec, &first, &end);
-    if (!st && (job->data.kind == TS_JOB_FASHION_MNIST ? load_images(t) : load_text(t))) st = data_error(job);
+    if (!st) st = load_data(t);
     if (!st) {
-        ts_loader_config lc = {.batch_size = job->train.batch_size,
-                               .shuffle = job->data.shuffle,
-                               .seed = (uint64_t)job->seed,
-                               .drop_last = true,
-                               .rank = s->group.rank,
-                               .world = s->group.world,
-                               .prefetch = job->data.prefetch};
-        t->loader = ts_loader_create(t->train_set, &lc);
-        if (!t->loader) st = data_error(job);
+        t->loader = make_loader(t, &s->group);
+        if (!t->loader) st = ts_last_status();
         t->shard = s->group;
     }
     if (!st) {
@@ -167,6 +181,20 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
         return NULL;
     }
     return t;
+}
+
+ts_status ts_trainer_steps(const ts_job *job, int world, int64_t *steps) {
+    *steps = job->steps;
+    if (job->train.epochs <= 0) return TS_OK;
+    ts_trainer *t = calloc(1, sizeof *t);
+    if (!t) return ts_error(TS_ERR_MEMORY, "trainer: out of memory");
+    t->job = *job;
+    t->job.data.prefetch = 0;
+    ts_status st = load_data(t);
+    if (!st && !(t->loader = make_loader(t, &(ts_group){.rank = 0, .world = world}))) st = ts_last_status();
+    if (!st) *steps = job->train.epochs * (ts_loader_batches_per_epoch(t->loader) / job->train.accum_steps);
+    ts_trainer_free(t);
+    return st;
 }
 
 void ts_trainer_free(ts_trainer *t) {
@@ -269,9 +297,7 @@ ts_status ts_trainer_apply(ts_trainer *t, double *lr, double *grad_norm) {
     return st;
 }
 
-/* Follows the strategy's group: a new (rank, world) re-shards the loader
- * at the same position of the epoch. */
-static ts_status follow_group(ts_trainer *t) {
+ts_status ts_trainer_follow_group(ts_trainer *t) {
     const ts_group *g = &t->strategy->group;
     if (g->rank == t->shard.rank && g->world == t->shard.world) return TS_OK;
     ts_status st = ts_loader_reshard(t->loader, g->rank, g->world);
@@ -284,15 +310,17 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s) {
     double t0 = ts_clock_ms();
     int64_t samples = 0;
     ts_alloc_reset_peak();
+    sg->times = (ts_comm_times){0};
     ts_status st = sg->ops->begin_step(sg, t->step);
     if (st || sg->finished) return st;
-    st = follow_group(t);
+    st = ts_trainer_follow_group(t);
     if (!st) st = sg->ops->grads(sg, &s->loss, &samples);
     if (!st) st = ts_trainer_apply(t, &s->lr, &s->grad_norm);
     if (!st) st = sg->ops->end_step(sg, t->step);
     if (st) return st;
     s->step = t->step;
     s->step_ms = ts_clock_ms() - t0;
+    s->comm = sg->times;
     s->samples_per_s = samples / (s->step_ms / 1e3);
     s->tokens_per_s = t->spec.arch == TS_ARCH_GPT ? s->samples_per_s * t->spec.gpt.block_size : 0;
     ts_alloc_stats a = ts_alloc_get_stats();

@@ -33,6 +33,7 @@ typedef struct {
     double tokens_per_s;   /* GPT only, else 0 */
     size_t mem_bytes;      /* allocator bytes in use */
     size_t peak_bytes;
+    ts_comm_times comm;    /* the strategy's communication; the rest of step_ms computes */
 } ts_step_stats;
 
 typedef struct {
@@ -73,6 +74,11 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
 
 void ts_trainer_free(ts_trainer *t);
 
+/* The optimizer steps job takes with world workers: job->steps, or with
+ * train.epochs that many epochs of the training set sharded world ways
+ * (the data set is loaded to count them). */
+ts_status ts_trainer_steps(const ts_job *job, int world, int64_t *steps);
+
 /* One micro-batch forward + backward: adds this batch's gradient, scaled by
  * scale, into the model's gradient buffer and returns its mean loss. */
 ts_status ts_trainer_micro(ts_trainer *t, const ts_batch *b, double scale, double *loss);
@@ -86,6 +92,10 @@ ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples);
 /* Clips the strategy's slices by the job's global gradient norm (reduced by
  * the strategy), steps the optimizer on them and advances t->step. */
 ts_status ts_trainer_apply(ts_trainer *t, double *lr, double *grad_norm);
+
+/* Follows the strategy's group: a new (rank, world) re-shards the loader at
+ * the same position of the epoch (the trainer does it after begin_step). */
+ts_status ts_trainer_follow_group(ts_trainer *t);
 
 /* One step through the strategy (begin_step, grads, apply, end_step), timed. */
 ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s);

@@ -1,0 +1,301 @@
+/* strategy_ps.c - strategy "ps": data parallelism through parameter servers.
+ *
+ * Each worker holds the whole model but no optimizer step: per step it
+ * pushes its gradients to the shards as backward finishes them (the
+ * trainer's grads_ready, coalesced per shard by ps_client.c), commits the
+ * step, and pulls the parameters the shards computed. Its data shard is
+ * (its place among the live workers, their number) of the generation the
+ * step is computed in.
+ *
+ * sync: the commit waits until every live worker committed; the replies
+ * carry the job's loss and the shards' partial squared norms of the
+ * averaged gradient, whose sum is the norm the trainer logs and the shards
+ * clip by; then APPLY and the pull of the step. "redo" (the workers
+ * changed before the step was decided) rewinds the loader to the step's
+ * start, re-shards it and computes the step again; "behind" (a shard
+ * restarted from an older checkpoint) rolls every shard back to it and
+ * replays the steps since, the leader saying how many.
+ * async, bounded: the commit is applied by each shard at once, with this
+ * worker's own loss and norm; the pull of the next step's parameters goes
+ * out with it and is waited for when that step begins (bounded: the shards
+ * hold it while this worker is more than parallel.staleness steps ahead
+ * of the slowest).
+ *
+ * The leader (the lowest live worker) writes the run's log, metrics and
+ * whole-model checkpoints (for --eval, --generate); the shards keep the
+ * optimizer state and the data position, so a resumed job restarts from
+ * the shards' checkpoints and every worker takes the step and position of
+ * its first pull. Evaluation sums go through shard 0.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kernels/clock.h"
+#include "kernels/optim/clip.h"
+#include "worker/ps_client.h"
+#include "worker/strategy.h"
+#include "worker/trainer.h"
+
+typedef struct {
+    ts_strategy base;
+    ts_ps_client *c;
+    const char *key_file;
+    bool sync;
+    ts_loader_pos start;  /* the loader's position when the step began */
+    double sq_norm;       /* the squared norm of the step's gradient */
+    int64_t have;         /* the step of the parameters in the model, -1 none */
+    int64_t reported;     /* the last step reported to the scheduler */
+    int reductions;       /* reduce_sums calls at this step */
+    int64_t reduce_step;
+} ps_strategy;
+
+/* Takes the live workers of the client's roster as this worker's group;
+ * says so when their number changed. */
+static void take_group(ps_strategy *d) {
+    uint64_t g;
+    int index, workers;
+    ts_ps_client_workers(d->c, &g, &index, &workers);
+    ts_group *gr = &d->base.group;
+    if (gr->world && workers != gr->world && d->base.group.leader)
+        printf("generation %llu: world size %d -> %d workers\n", (unsigned long long)g, gr->world, workers);
+    *gr = (ts_group){.rank = index < 0 ? 0 : index, .world = workers > 0 ? workers : 1, .generation = g,
+                     .leader = index == 0};
+}
+
+/* Pulls the parameters of step >= want into the model; *step and the
+ * loader follow the shards' step and data position when adopt is set. */
+static ts_status pull(ps_strategy *d, int64_t want, bool adopt) {
+    ts_trainer *t = d->base.trainer;
+    ts_status st = ts_ps_client_pulling(d->c) ? TS_OK : ts_ps_client_pull(d->c, want);
+    int64_t step;
+    ts_loader_pos pos;
+    if (!st) st = ts_ps_client_pull_wait(d->c, &step, &pos);
+    if (!st && adopt && (step != t->step || pos.epoch != ts_loader_position(t->loader).epoch ||
+                         pos.offset != ts_loader_position(t->loader).offset)) {
+        t->step = step;
+        st = ts_loader_set_position(t->loader, pos);
+    }
+    if (!st) st = ts_model_sync_compute(t->model); /* the bf16 copy follows the pulled master */
+    if (!st) d->have = adopt ? step : t->step;
+    return st;
+}
+
+/* A shard restarted from its checkpoint of step `to`: takes every shard
+ * there and continues from its parameters and data position. */
+static ts_status roll_back(ps_strategy *d, int64_t to) {
+    ts_trainer *t = d->base.trainer;
+    int64_t from = t->step, at;
+    ts_status st = ts_ps_client_rollback(d->c, to, &at);
+    if (!st) st = pull(d, at, true);
+    if (!st && d->base.group.leader)
+        printf("a shard restarted from its checkpoint of step %lld: the job goes back from step %lld and replays "
+               "%lld steps\n", (long long)at, (long long)from, (long long)(from - at));
+    if (!st) d->start = ts_loader_position(t->loader);
+    return st;
+}
+
+/* Reacts to the event that ended a wait with TS_ERR_STATE: redo the step,
+ * roll back, or end. *again says whether the step is computed again. */
+static ts_status recover(ps_strategy *d, ts_status st, bool *again) {
+    ts_trainer *t = d->base.trainer;
+    ts_ps_event ev = ts_ps_client_event(d->c);
+    *again = false;
+    if (st != TS_ERR_STATE) return st;
+    if (ev.kind == TS_PS_FINISHED) {
+        d->base.finished = true;
+        return TS_OK;
+    }
+    if (ev.kind == TS_PS_BEHIND) {
+        *again = true;
+        return roll_back(d, ev.step);
+    }
+    if (ev.kind != TS_PS_REDO) return st;
+    *again = true;
+    if ((st = ts_ps_client_await_generation(d->c, ev.generation))) return recover(d, st, again);
+    take_group(d);
+    st = ts_loader_set_position(t->loader, d->start);
+    return st ? st : ts_trainer_follow_group(t);
+}
+
+static ts_status ps_attach(ts_strategy *s) {
+    ps_strategy *d = (ps_strategy *)s;
+    ts_trainer *t = s->trainer;
+    ts_model *m = t->model;
+    ts_range *tensors = malloc((size_t)m->n_params * sizeof *tensors);
+    if (!tensors) return ts_error(TS_ERR_MEMORY, "strategy ps: out of memory");
+    for (int i = 0; i < m->n_params; i++) tensors[i] = (ts_range){m->params[i].offset, m->params[i].numel};
+    d->sync = t->job.parallel.consistency == TS_CONSISTENCY_SYNC;
+    ts_ps_client_config cfg = {.job = &t->job, .member = s->member, .key_file = d->key_file, .tensors = tensors,
+                               .n_tensors = m->n_params, .numel = m->numel, .params = ts_f32(m->flat_params),
+                               .grads = ts_f32(m->flat_grads)};
+    d->c = ts_ps_client_create(&cfg);
+    free(tensors);
+    if (!d->c) return ts_last_status();
+    take_group(d);
+    ts_status st = ts_trainer_follow_group(t);
+    bool again;
+    if (!st) st = recover(d, pull(d, 0, true), &again);
+    return st;
+}
+
+static ts_status ps_begin_step(ts_strategy *s, int64_t step) {
+    ps_strategy *d = (ps_strategy *)s;
+    ts_trainer *t = s->trainer;
+    if (ts_member_shutdown_requested(s->member, NULL, NULL, 0)) {
+        s->finished = true;
+        return TS_OK;
+    }
+    take_group(d);
+    ts_ps_client_times(d->c); /* the step's times start here */
+    ts_status st = TS_OK;
+    bool again = false;
+    if (d->have != step || ts_ps_client_pulling(d->c)) st = recover(d, pull(d, step, false), &again);
+    d->start = ts_loader_position(t->loader);
+    return st;
+}
+
+/* Computes the step's gradients, pushes and commits them; in sync mode
+ * waits for the decision. */
+static ts_status compute(ps_strategy *d, double *loss, int64_t *samples) {
+    ts_trainer *t = d->base.trainer;
+    ts_ps_client_begin(d->c, t->step + 1, d->base.group.generation);
+    ts_status st = ts_trainer_grads(t, loss, samples);
+    if (st) return st;
+    ts_loader_pos next = ts_loader_position(t->loader);
+    double own = d->sync ? 0 : ts_clip_sq_norm(ts_f32(t->model->flat_grads), t->model->numel);
+    double v[TS_COMMIT_VALUES] = {*loss * (double)*samples, (double)*samples, own,
+                                  ts_schedule_lr(&t->schedule, t->step), (double)next.epoch, (double)next.offset};
+    double out[TS_DECIDED_VALUES];
+    st = ts_ps_client_commit(d->c, v, d->sync, out);
+    if (st) return st;
+    if (!d->sync) {
+        d->sq_norm = own;
+        return ts_ps_client_pull(d->c, t->step + 1); /* the next step's parameters, fetched meanwhile */
+    }
+    *loss = out[TS_DECIDED_SAMPLES] > 0 ? out[TS_DECIDED_LOSS_SUM] / out[TS_DECIDED_SAMPLES] : 0;
+    d->sq_norm = out[TS_DECIDED_SQ_NORM];
+    return TS_OK;
+}
+
+static ts_status ps_grads(ts_strategy *s, double *loss, int64_t *samples) {
+    ps_strategy *d = (ps_strategy *)s;
+    for (;;) {
+        bool again;
+        ts_status st = recover(d, compute(d, loss, samples), &again);
+        if (st || !again || s->finished) return st;
+    }
+}
+
+static ts_status ps_grads_ready(ts_strategy *s, int64_t offset, int64_t len) {
+    return ts_ps_client_ready(((ps_strategy *)s)->c, offset, len);
+}
+
+static void ps_slices(ts_strategy *s, const ts_optim_slice **slices, int *n) {
+    (void)s;
+    *slices = NULL;
+    *n = 0; /* the shards step */
+}
+
+static ts_status ps_sq_norm(ts_strategy *s, double local, double *global) {
+    (void)local;
+    *global = ((ps_strategy *)s)->sq_norm;
+    return TS_OK;
+}
+
+/* Sync: applies the step at the shards and pulls its parameters. Reports
+ * the step to the scheduler (once per step, not again when replaying). */
+static ts_status ps_end_step(ts_strategy *s, int64_t step) {
+    ps_strategy *d = (ps_strategy *)s;
+    ts_status st = TS_OK;
+    if (d->sync) {
+        bool again;
+        st = ts_ps_client_apply(d->c, d->sq_norm);
+        if (!st) st = recover(d, pull(d, step, false), &again);
+    }
+    /* the last step is reported by the node once the run, evaluation
+     * included, is over: the scheduler then ends the job */
+    if (!st && !s->finished && step > d->reported && step < s->trainer->total_steps) {
+        st = ts_member_step_done(s->member, step);
+        d->reported = step;
+    }
+    ts_ps_times tm = ts_ps_client_times(d->c);
+    s->times = (ts_comm_times){tm.push_ms, tm.pull_ms, tm.wait_ms};
+    return st;
+}
+
+static ts_status ps_reduce_sums(ts_strategy *s, double *v, int n) {
+    ps_strategy *d = (ps_strategy *)s;
+    int64_t step = s->trainer->step;
+    if (step != d->reduce_step) d->reduce_step = step, d->reductions = 0;
+    bool again;
+    ts_status st = recover(d, ts_ps_client_reduce(d->c, step, d->reductions++, v, n), &again);
+    return st;
+}
+
+/* The leader saves the whole model as the run's checkpoint (the parameters
+ * of this step: an async pull on its way is waited for); the shards save
+ * their own. */
+static ts_status ps_save(ts_strategy *s, char *path, size_t cap) {
+    ps_strategy *d = (ps_strategy *)s;
+    if (cap) path[0] = '\0';
+    ts_status st = TS_OK;
+    bool again;
+    if (ts_ps_client_pulling(d->c)) st = recover(d, pull(d, s->trainer->step, false), &again);
+    if (!st && s->group.leader && !s->finished) st = ts_strategy_save_whole(s, path, cap);
+    return st;
+}
+
+/* The shards hold the job's state: the first pull says where it is. */
+static ts_status ps_load(ts_strategy *s, const char *dir) {
+    (void)s, (void)dir;
+    return TS_OK;
+}
+
+static void ps_free(ts_strategy *s) {
+    ts_ps_client_free(((ps_strategy *)s)->c);
+    free(s);
+}
+
+static const ts_strategy_ops ps_ops = {
+    .name = "ps",
+    .units = ts_strategy_all_units,
+    .attach = ps_attach,
+    .begin_step = ps_begin_step,
+    .grads = ps_grads,
+    .grads_ready = ps_grads_ready,
+    .slices = ps_slices,
+    .reduce_sq_norm = ps_sq_norm,
+    .reduce_sums = ps_reduce_sums,
+    .end_step = ps_end_step,
+    .save = ps_save,
+    .load = ps_load,
+    .free = ps_free,
+};
+
+ts_strategy *ts_strategy_ps_new(const ts_strategy_options *o) {
+    ps_strategy *d = calloc(1, sizeof *d);
+    if (!d) {
+        ts_error(TS_ERR_MEMORY, "strategy ps: out of memory");
+        return NULL;
+    }
+    d->base.ops = &ps_ops;
+    d->key_file = o->key_file;
+    d->have = d->reported = d->reduce_step = -1;
+    /* the loader is made before attach: shard it by the join's roster */
+    ts_proto_member *r = NULL;
+    size_t n = 0;
+    uint64_t g = 0;
+    ts_member_info info;
+    ts_member_info_get(o->member, &info);
+    int index = -1, workers = 0;
+    if (ts_member_roster(o->member, &r, &n, &g) == TS_OK)
+        for (size_t i = 0; i < n; i++) {
+            if (r[i].role != TS_ROLE_WORKER || !r[i].alive) continue;
+            index += r[i].rank <= info.rank;
+            workers++;
+        }
+    free(r);
+    d->base.group = (ts_group){.rank = index < 0 ? 0 : index, .world = workers ? workers : 1, .generation = g,
+                               .leader = index == 0};
+    return &d->base;
+}
