@@ -20,6 +20,7 @@ static const char usage[] =
     "      (times parallel.ps_replicas) and parallel.workers workers (strategies\n"
     "      \"ps\" and \"standin\"); with --resume --run-dir DIR it continues there\n"
     "  tessera-run --join ADDRESS --key-file PATH JOB.json [--set ...] [--rank N]\n"
+    "      [--run-dir DIR]\n"
     "      start one more worker against the running job at ADDRESS\n"
     "  tessera-run --status ADDRESS --key-file PATH\n"
     "      print the roster, generation and last heartbeats of a running job\n"
@@ -190,6 +191,10 @@ static int run_join(const cli *c) {
     ts_argv_push(&a, prog);
     ts_cluster_node_args(&a, c->address, c->key_file, c->job_path, c->sets, c->nsets);
     if (c->rank >= 0) ts_argv_pushf(&a, "--rank=%d", c->rank);
+    if (c->run_dir) {
+        ts_argv_push(&a, "--run-dir");
+        ts_argv_push(&a, c->run_dir);
+    }
     if (!ts_argv_ok(&a)) {
         fprintf(stderr, "tessera-run: out of memory\n");
         return 1;

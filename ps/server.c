@@ -298,12 +298,15 @@ static void link_close(ps_server *sv) {
 
 /* ---- following the job ---- */
 
-/* The live worker ranks of roster r, ascending; *n of them (malloc'd). */
-static int32_t *live_workers(const ts_proto_member *r, size_t n, int *count) {
+/* The live worker ranks of roster r, ascending; *n of them (malloc'd);
+ * *formed (may be NULL) is the generation the last of them joined in. */
+static int32_t *live_workers(const ts_proto_member *r, size_t n, int *count, uint64_t *formed) {
     int32_t *w = malloc((n ? n : 1) * sizeof *w);
     int k = 0;
+    if (formed) *formed = 0;
     for (size_t i = 0; w && i < n; i++) {
         if (r[i].role != TS_ROLE_WORKER || !r[i].alive) continue;
+        if (formed && r[i].joined_generation > *formed) *formed = r[i].joined_generation;
         int j = k++;
         while (j > 0 && w[j - 1] > r[i].rank) w[j] = w[j - 1], j--;
         w[j] = r[i].rank;
@@ -381,8 +384,11 @@ static void take_roster(ps_server *sv, uint64_t g, const ts_proto_member *r, siz
     sv->backup = role == ROLE_PRIMARY && sv->fwd.open ? b : role == ROLE_BACKUP ? b : -1;
     if (role == ROLE_PRIMARY) {
         int nw;
-        int32_t *w = live_workers(r, n, &nw);
-        if (w) give_workers(sv, g, w, nw);
+        uint64_t formed;
+        int32_t *w = live_workers(r, n, &nw, &formed);
+        /* a shard that knew no workers (a restart) takes them as of the
+         * generation they were complete in: their messages are not stale */
+        if (w) give_workers(sv, sv->workers ? g : formed, w, nw);
     }
 }
 
@@ -419,7 +425,7 @@ static void on_forward(ps_server *sv, const ts_proto_identity *from, int rank, c
     }
     if (m->type == TS_MSG_MEMBERSHIP) {
         int n;
-        int32_t *w = live_workers(m->roster, m->nroster, &n);
+        int32_t *w = live_workers(m->roster, m->nroster, &n, NULL);
         if (w) {
             free(sv->workers);
             sv->workers = w;
@@ -529,9 +535,11 @@ static ts_status join(ps_server *sv) {
 /* The shard of this process, from the seed or its newest checkpoint. */
 static ts_status make_shard(ps_server *sv, const ts_model *m) {
     char root[TS_JOB_PATH_MAX + 64];
-    if (sv->o->run_dir) snprintf(root, sizeof root, "%s/ps/shard-%d", sv->o->run_dir, sv->shard);
+    /* a job of another strategy only exercises the cluster: nothing to keep */
+    bool keep = sv->o->run_dir && sv->o->job->parallel.strategy == TS_STRATEGY_PS;
+    if (keep) snprintf(root, sizeof root, "%s/ps/shard-%d", sv->o->run_dir, sv->shard);
     ts_shard_config c = {.job = sv->o->job, .shard = sv->shard, .shards = sv->shards, .rank = sv->rank,
-                         .root = sv->o->run_dir ? root : NULL, .reply = reply, .ctx = sv};
+                         .root = keep ? root : NULL, .reply = reply, .ctx = sv};
     if (!(sv->sh = ts_shard_create(&c, m))) return ts_last_status();
     int64_t off, len;
     ts_shard_range(sv->sh, &off, &len);

@@ -583,7 +583,7 @@ static void on_apply(ts_shard *s, const ts_proto_identity *from, const ts_proto_
                ts_job_consistency_name(s->mode));
         return;
     }
-    if (!check_values(s, from, m, 1) || !live_sender(s, from, m)) return;
+    if (!check_values(s, from, m, 1) || !live_sender(s, from, m) || behind(s, from, m, s->step + 1)) return;
     if (m->step <= s->step) return; /* applied already: a repeat */
     if (!s->decided || m->step != s->decided_step) {
         refuse(s, from, m, TS_PROTO_E_UNEXPECTED, "step %lld is not decided (the shard is at step %lld%s)",
@@ -685,8 +685,10 @@ static void on_rollback(ts_shard *s, const ts_proto_identity *from, const ts_pro
         printf("shard %d: rolled back from step %lld to its checkpoint of step %lld\n", s->cfg.shard, (long long)was,
                (long long)s->step);
     for (int i = 0; i < s->nw; i++) s->w[i].done = s->step;
+    /* waiting pulls belong to the steps undone: their workers pull again */
+    for (int i = 0; i < s->npulls; i++) free(s->pulls[i].ranges);
+    s->npulls = 0;
     ack(s, from, m, s->step);
-    serve_pulls(s);
 }
 
 /* ---- dispatch ---- */

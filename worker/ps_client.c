@@ -300,11 +300,12 @@ static void handle(ts_ps_client *c, int k, const ts_proto_msg *m) {
     case TS_MSG_ERROR:
         if (m->code == TS_PROTO_E_RETRY) {
             l->resend_at = ts_clock_ms() + PS_RETRY_MS;
-        } else if (m->code == TS_PROTO_E_REDO && m->step == c->step && c->ev.kind == TS_PS_NONE) {
-            c->ev = (ts_ps_event){TS_PS_REDO, m->generation, m->step, k};
-        } else if (m->code == TS_PROTO_E_BEHIND && c->ev.kind == TS_PS_NONE) {
-            c->ev = (ts_ps_event){TS_PS_BEHIND, m->generation, m->step, k};
-        } else if (m->code != TS_PROTO_E_REDO) {
+        } else if (m->code == TS_PROTO_E_REDO || m->code == TS_PROTO_E_BEHIND) {
+            /* the first one counts; the step's other messages get the same answer */
+            if (c->ev.kind == TS_PS_NONE && (m->code == TS_PROTO_E_BEHIND || m->step == c->step))
+                c->ev = (ts_ps_event){m->code == TS_PROTO_E_REDO ? TS_PS_REDO : TS_PS_BEHIND, m->generation, m->step,
+                                      k};
+        } else {
             fail(c, k, "%s [%s]", m->reason, ts_proto_error_name(m->code));
         }
         return;
@@ -375,7 +376,9 @@ static ts_status wait_for(ts_ps_client *c, wait_kind w, double *acc) {
             c->fatal = TS_OK;
             break;
         }
-        if (c->ev.kind != TS_PS_NONE) {
+        if (c->ev.kind != TS_PS_NONE && w == WAIT_ROLLBACK) {
+            c->ev.kind = TS_PS_NONE; /* answers to the step being undone */
+        } else if (c->ev.kind != TS_PS_NONE) {
             st = ts_error(TS_ERR_STATE, "shard %d asked to %s step %lld", c->ev.shard,
                           c->ev.kind == TS_PS_REDO ? "compute again" : "roll back to", (long long)c->ev.step);
             break;
@@ -519,6 +522,7 @@ ts_status ts_ps_client_apply(ts_ps_client *c, double sq_norm) {
 ts_status ts_ps_client_pull(ts_ps_client *c, int64_t want) {
     for (int k = 0; k < c->shards; k++) {
         shard_link *l = &c->s[k];
+        if (l->pull_sent && l->pull_want == want) continue; /* asked already */
         l->pull_sent = true;
         l->pull_done = false;
         l->pull_want = want;

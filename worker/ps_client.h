@@ -99,7 +99,8 @@ ts_status ts_ps_client_commit(ts_ps_client *c, const double *values, bool wait, 
 /* Sends APPLY of the step with the squared norm of the job's gradient. */
 ts_status ts_ps_client_apply(ts_ps_client *c, double sq_norm);
 
-/* Asks every shard for its keys at step >= want. */
+/* Asks every shard for its keys at step >= want (unless it was asked for
+ * that step already). */
 ts_status ts_ps_client_pull(ts_ps_client *c, int64_t want);
 
 /* Whether a pull is on its way. */

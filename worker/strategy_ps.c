@@ -66,7 +66,7 @@ static void take_group(ps_strategy *d) {
  * loader follow the shards' step and data position when adopt is set. */
 static ts_status pull(ps_strategy *d, int64_t want, bool adopt) {
     ts_trainer *t = d->base.trainer;
-    ts_status st = ts_ps_client_pulling(d->c) ? TS_OK : ts_ps_client_pull(d->c, want);
+    ts_status st = ts_ps_client_pull(d->c, want);
     int64_t step;
     ts_loader_pos pos;
     if (!st) st = ts_ps_client_pull_wait(d->c, &step, &pos);

@@ -1,0 +1,329 @@
+/* test_ps.c - parameter-server jobs of real processes on loopback.
+ *
+ * Equivalence: sync PS with W workers at batch b gives, step by step, the
+ * losses of a local run at batch W*b with the same seed (within 1e-5
+ * relative), for the MLP and the GPT, W = 2 and 4, S = 1 and 3 shards.
+ * Async and bounded (staleness 2) reach the local run's test accuracy
+ * within one point. Elastic and failures: a worker joins, a worker is
+ * killed, a shard without a replica is killed and restarted from its
+ * checkpoint (the job rolls back and replays), a primary with a backup is
+ * killed (nothing is lost: the losses are those of an undisturbed run);
+ * each ends with a checkpoint that evaluates to the expected accuracy.
+ * Run one test by name: cluster_test_ps <name>.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+enum { MAX_STEPS = 512 };
+
+/* Prints a process's output (for failed assertions) and fails. */
+static void dump(const th_proc *p, const char *why) {
+    char *text = th_output(p);
+    fprintf(stderr, "---- %s ----\n%s---- end ----\n", p->out, text);
+    free(text);
+    fail_msg("%s", why);
+}
+
+static void expect_output(const th_proc *p, const char *needle, int timeout_ms) {
+    if (th_wait_for(p, needle, timeout_ms) != 0) {
+        char why[512];
+        snprintf(why, sizeof why, "no \"%s\" in the output within %d ms", needle, timeout_ms);
+        dump(p, why);
+    }
+}
+
+/* A job file: the MLP on Fashion-MNIST or the small GPT, `steps` steps at
+ * batch b per worker; parallel is the "parallel" section's body. */
+static const char *job_file(const char *name, bool gpt, int steps, int b, const char *parallel) {
+    char text[4096], file[128];
+    const char *model = gpt ? "\"model\": {\"arch\": \"gpt\", \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, "
+                              "\"block_size\": 16},\n \"data\": {\"kind\": \"text\", \"val_fraction\": 0.05},\n"
+                              " \"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.003, \"weight_decay\": 0.1, "
+                              "\"clip_norm\": 1.0},\n \"schedule\": {\"kind\": \"cosine\", \"warmup_steps\": 5},\n"
+                            : "\"model\": {\"arch\": \"mlp\", \"hidden\": [64]},\n"
+                              " \"data\": {\"kind\": \"fashion_mnist\", \"val_fraction\": 0.1},\n"
+                              " \"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.002, \"weight_decay\": 0.01},\n"
+                              " \"schedule\": {\"kind\": \"cosine\"},\n";
+    snprintf(text, sizeof text,
+             "{\"name\": \"%s\", \"seed\": 7, \"steps\": %d,\n %s"
+             " \"train\": {\"batch_size\": %d, \"eval_batches\": 4, \"log_every\": 1},\n"
+             " \"parallel\": {\"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 1000, "
+             "\"barrier_timeout_ms\": 20000%s%s}}\n",
+             name, steps, model, b, parallel[0] ? ", " : "", parallel);
+    snprintf(file, sizeof file, "%s.json", name);
+    return th_write(file, text);
+}
+
+/* Starts tessera-run on job in run folder `run` with up to 4 --set options
+ * (NULL-terminated varargs). */
+static th_proc start_run(const char *tag, const char *job, const char *run, ...) {
+    const char *argv[16] = {"tessera-run", job, "--run-dir", run};
+    int n = 4;
+    va_list ap;
+    va_start(ap, run);
+    for (const char *s; n < 13 && (s = va_arg(ap, const char *));) {
+        argv[n++] = "--set";
+        argv[n++] = s;
+    }
+    va_end(ap);
+    argv[n] = NULL;
+    return th_start(tag, argv);
+}
+
+/* Waits for a run and insists it succeeded. */
+static void finish_run(th_proc *p, int timeout_ms) {
+    int rc = th_wait(p, timeout_ms);
+    if (rc != 0) {
+        char why[128];
+        snprintf(why, sizeof why, "tessera-run exited with %d", rc);
+        dump(p, why);
+    }
+}
+
+/* Each step's loss from run/metrics.jsonl (the last line of a step wins: a
+ * replayed step is logged again); returns the last step. */
+static int read_losses(const char *run, double *loss) {
+    char path[4200], line[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    int last = 0;
+    memset(loss, 0, MAX_STEPS * sizeof *loss);
+    while (fgets(line, sizeof line, f)) {
+        int step;
+        double l;
+        const char *s = strstr(line, "\"step\":"), *k = strstr(line, "\"loss\":");
+        if (!strstr(line, "\"kind\":\"step\"") || !s || !k) continue;
+        step = atoi(s + 7);
+        l = atof(k + 7);
+        if (step > 0 && step < MAX_STEPS) loss[step] = l, last = step > last ? step : last;
+    }
+    fclose(f);
+    return last;
+}
+
+/* Asserts that runs a and b logged the same losses for steps 1..steps
+ * within rel (relative). */
+static void same_losses(const char *a, const char *b, int steps, double rel) {
+    double la[MAX_STEPS], lb[MAX_STEPS];
+    assert_int_equal(read_losses(a, la), steps);
+    assert_int_equal(read_losses(b, lb), steps);
+    for (int s = 1; s <= steps; s++) {
+        double d = la[s] - lb[s];
+        if (d < 0) d = -d;
+        if (!(la[s] > 0) || d > rel * lb[s])
+            fail_msg("step %d: loss %.6f in %s, %.6f in %s (relative difference %.2g > %.0e)", s, la[s], a, lb[s], b,
+                     d / lb[s], rel);
+    }
+}
+
+/* Evaluates run's checkpoint of step and returns its test accuracy (%). */
+static double evaluate(const char *run, int step) {
+    char ckpt[4200];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-%d", run, step);
+    const char *argv[] = {"tessera-run", "--eval", ckpt, NULL};
+    th_proc p = th_start("eval", argv);
+    if (th_wait(&p, 60000) != 0) dump(&p, "tessera-run --eval failed");
+    char *text = th_output(&p);
+    const char *a = strstr(text, "accuracy ");
+    double acc = a ? atof(a + 9) : -1;
+    free(text);
+    if (acc < 0) dump(&p, "no accuracy in the evaluation");
+    return acc;
+}
+
+/* Pid of the ps or worker of rank `rank` ("[run] ps rank R is pid P"). */
+static pid_t pid_of(const th_proc *run, const char *role, int rank) {
+    char needle[64];
+    snprintf(needle, sizeof needle, "[run] %s rank %d is pid ", role, rank);
+    char *text = th_output(run);
+    const char *s = strstr(text, needle);
+    pid_t pid = s ? (pid_t)atoi(s + strlen(needle)) : -1;
+    free(text);
+    return pid;
+}
+
+/* ---- equivalence ---- */
+
+/* For W in {2, 4} and S in {1, 3}: sync PS at batch b against local at W*b. */
+static void equivalence(bool gpt, int b) {
+    const char *name = gpt ? "eq-gpt" : "eq-mlp";
+    const char *job = job_file(name, gpt, 30, b, "\"strategy\": \"ps\"");
+    for (int W = 2; W <= 4; W += 2) {
+        char local[64], batch[64], run[64];
+        snprintf(local, sizeof local, "%s-local-%d", name, W);
+        snprintf(batch, sizeof batch, "train.batch_size=%d", W * b);
+        th_proc l = start_run(local, job, th_path(local), "parallel.strategy=\"local\"", batch, NULL);
+        finish_run(&l, 120000);
+        for (int S = 1; S <= 3; S += 2) {
+            char workers[64], servers[64];
+            snprintf(run, sizeof run, "%s-w%d-s%d", name, W, S);
+            snprintf(workers, sizeof workers, "parallel.workers=%d", W);
+            snprintf(servers, sizeof servers, "parallel.servers=%d", S);
+            th_proc p = start_run(run, job, th_path(run), workers, servers, NULL);
+            finish_run(&p, 120000);
+            same_losses(th_path(run), th_path(local), 30, 1e-5);
+        }
+    }
+    assert_int_equal(th_leftovers(), 0);
+}
+
+static void test_equivalence_mlp(void **state) {
+    (void)state;
+    equivalence(false, 16);
+}
+
+static void test_equivalence_gpt(void **state) {
+    (void)state;
+    equivalence(true, 4);
+}
+
+/* ---- async and bounded ---- */
+
+static void test_async_bounded(void **state) {
+    (void)state;
+    const char *job = job_file("acc", false, 800, 32, "\"strategy\": \"ps\", \"workers\": 2, \"servers\": 2");
+    th_proc l = start_run("acc-local", job, th_path("acc-local"), "parallel.strategy=\"local\"",
+                          "train.batch_size=64", NULL);
+    finish_run(&l, 120000);
+    double local = evaluate(th_path("acc-local"), 800);
+    const char *modes[] = {"parallel.consistency=\"async\"", "parallel.consistency=\"bounded\""};
+    for (int i = 0; i < 2; i++) {
+        const char *run = th_path(i ? "acc-bounded" : "acc-async");
+        th_proc p = start_run(i ? "acc-bounded" : "acc-async", job, run, modes[i], "parallel.staleness=2", NULL);
+        finish_run(&p, 180000);
+        double acc = evaluate(run, 800);
+        if (acc < local - 1 || acc > local + 1)
+            fail_msg("%s: test accuracy %.2f%%, the local run's %.2f%% (more than 1 point apart)", modes[i], acc,
+                     local);
+    }
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* ---- elastic and failures ---- */
+
+/* A sync MLP job of 240 steps whose checkpoint evaluates above 70%. */
+static const char *elastic_job(const char *name, const char *parallel) {
+    char p[512];
+    snprintf(p, sizeof p, "\"strategy\": \"ps\", \"servers\": 2%s%s", parallel[0] ? ", " : "", parallel);
+    return job_file(name, false, 240, 32, p);
+}
+
+static void expect_accuracy(const char *run, int step) {
+    double acc = evaluate(run, step);
+    if (acc < 70) fail_msg("%s: checkpoint of step %d evaluates to %.2f%%, expected above 70%%", run, step, acc);
+}
+
+/* A worker started by hand joins the running job: it pulls the current
+ * parameters, the quorum grows to 3 and the job finishes with it. */
+static void test_join(void **state) {
+    (void)state;
+    const char *job = elastic_job("join", "\"workers\": 2, \"max_workers\": 3");
+    const char *run = th_path("run-join");
+    th_proc p = start_run("join", job, run, NULL);
+    expect_output(&p, "step 20/240", 30000);
+    char addr[256], key[4200], addr_file[4200];
+    snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", run);
+    snprintf(key, sizeof key, "%s/job.key", run);
+    assert_int_equal(th_read_line(addr_file, addr, sizeof addr, 2000), 0);
+    const char *jargv[] = {"tessera-run", "--join", addr, "--key-file", key, job, "--run-dir", th_path("joiner"), NULL};
+    th_proc joiner = th_start("joiner", jargv);
+    expect_output(&joiner, "joined rank=", 20000);
+    expect_output(&p, "world size 2 -> 3 workers", 20000);
+    expect_output(&p, ": 3 workers", 0); /* the shards' quorum */
+    finish_run(&p, 120000);
+    if (th_wait(&joiner, 20000) != 0) dump(&joiner, "the joined worker did not exit 0");
+    expect_output(&joiner, "shutdown (code 0)", 0);
+    expect_accuracy(run, 240);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* kill -9 of a worker: declared dead, the quorum shrinks, the step in
+ * flight is computed again by the others, the job finishes. */
+static void test_kill_worker(void **state) {
+    (void)state;
+    const char *job = elastic_job("killw", "\"workers\": 3, \"min_workers\": 2");
+    const char *run = th_path("run-killw");
+    th_proc p = start_run("killw", job, run, NULL);
+    expect_output(&p, "step 40/240", 30000);
+    pid_t victim = pid_of(&p, "worker", 4); /* not the leader (rank 2) */
+    assert_true(victim > 0);
+    kill(victim, SIGKILL);
+    expect_output(&p, "world size 3 -> 2 workers", 20000);
+    finish_run(&p, 120000);
+    expect_output(&p, "worker 4 exited with signal 9, restart budget 0 used up; the job goes on with 2 workers", 0);
+    expect_accuracy(run, 240);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* kill -9 of a shard without a replica: tessera-run restarts it from its
+ * checkpoint, the workers take every shard back to that step and replay
+ * the steps since; the losses end up those of an undisturbed run. */
+static void test_kill_shard(void **state) {
+    (void)state;
+    const char *job = elastic_job("kills", "\"workers\": 2, \"max_restarts\": 1");
+    const char *run = th_path("run-kills");
+    th_proc p = start_run("kills", job, run, "train.checkpoint_every=25", NULL);
+    expect_output(&p, "step 60/240", 30000);
+    pid_t victim = pid_of(&p, "ps", 1);
+    assert_true(victim > 0);
+    kill(victim, SIGKILL);
+    expect_output(&p, "[run] ps 1 exited with signal 9; restarting it (restart 1 of 1)", 10000);
+    expect_output(&p, "shard 1: restored from its checkpoint of step ", 20000);
+    expect_output(&p, "and replays ", 20000);
+    finish_run(&p, 120000);
+    th_proc quiet = start_run("kills-quiet", job, th_path("run-quiet"), "train.checkpoint_every=25", NULL);
+    finish_run(&quiet, 120000);
+    same_losses(run, th_path("run-quiet"), 240, 0);
+    expect_accuracy(run, 240);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* kill -9 of a primary with ps_replicas 2: its backup is promoted, the
+ * workers send it what was unanswered, no step is lost and every loss is
+ * that of an undisturbed run. */
+static void test_kill_primary(void **state) {
+    (void)state;
+    const char *job = elastic_job("killp", "\"workers\": 2, \"ps_replicas\": 2");
+    const char *run = th_path("run-killp");
+    th_proc p = start_run("killp", job, run, NULL);
+    expect_output(&p, "step 60/240", 30000);
+    pid_t victim = pid_of(&p, "ps", 0); /* shard 0's primary; rank 2 is its backup */
+    assert_true(victim > 0);
+    kill(victim, SIGKILL);
+    expect_output(&p, "shard 0: promoted to primary at step ", 20000);
+    finish_run(&p, 120000);
+    expect_output(&p, "its shard goes on with its replica", 0);
+    if (th_count(&p, "replays") != 0) dump(&p, "a step was replayed: something was lost");
+    th_proc quiet = start_run("killp-quiet", job, th_path("run-quiet-p"), "parallel.ps_replicas=1", NULL);
+    finish_run(&quiet, 120000);
+    same_losses(run, th_path("run-quiet-p"), 240, 0);
+    expect_accuracy(run, 240);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+int main(int argc, char **argv) {
+    th_init();
+    setenv("TESSERA_NUM_THREADS", "1", 1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_equivalence_mlp), cmocka_unit_test(test_equivalence_gpt),
+        cmocka_unit_test(test_async_bounded),   cmocka_unit_test(test_join),
+        cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_kill_shard),
+        cmocka_unit_test(test_kill_primary),
+    };
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    th_finish(failed);
+    return failed;
+}
