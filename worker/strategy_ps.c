@@ -45,6 +45,7 @@ typedef struct {
     double sq_norm;       /* the squared norm of the step's gradient */
     int64_t have;         /* the step of the parameters in the model, -1 none */
     int64_t reported;     /* the last step reported to the scheduler */
+    int64_t rollback_to;  /* a rollback found at the end of a step, done when the next begins; -1 none */
     int reductions;       /* reduce_sums calls at this step */
     int64_t reduce_step;
 } ps_strategy;
@@ -138,19 +139,31 @@ static ts_status ps_attach(ts_strategy *s) {
     return st;
 }
 
+/* Brings the model to the parameters of the trainer's step: a rollback
+ * found at the end of the last step, or a prefetched pull. */
+static ts_status settle(ps_strategy *d) {
+    ts_trainer *t = d->base.trainer;
+    bool again;
+    if (d->rollback_to >= 0) {
+        int64_t to = d->rollback_to;
+        d->rollback_to = -1;
+        return recover(d, roll_back(d, to), &again);
+    }
+    if (d->have == t->step && !ts_ps_client_pulling(d->c)) return TS_OK;
+    return recover(d, pull(d, t->step, false), &again);
+}
+
 static ts_status ps_begin_step(ts_strategy *s, int64_t step) {
+    (void)step;
     ps_strategy *d = (ps_strategy *)s;
-    ts_trainer *t = s->trainer;
     if (ts_member_shutdown_requested(s->member, NULL, NULL, 0)) {
         s->finished = true;
         return TS_OK;
     }
     take_group(d);
     ts_ps_client_times(d->c); /* the step's times start here */
-    ts_status st = TS_OK;
-    bool again = false;
-    if (d->have != step || ts_ps_client_pulling(d->c)) st = recover(d, pull(d, step, false), &again);
-    d->start = ts_loader_position(t->loader);
+    ts_status st = settle(d);
+    d->start = ts_loader_position(s->trainer->loader);
     return st;
 }
 
@@ -210,11 +223,17 @@ static ts_status ps_end_step(ts_strategy *s, int64_t step) {
     if (d->sync) {
         bool again;
         st = ts_ps_client_apply(d->c, d->sq_norm);
-        if (!st) st = recover(d, pull(d, step, false), &again);
+        if (!st) st = pull(d, step, false);
+        if (st == TS_ERR_STATE && ts_ps_client_event(d->c).kind == TS_PS_BEHIND) {
+            d->rollback_to = ts_ps_client_event(d->c).step; /* this step is undone: the next begins there */
+            st = TS_OK;
+        } else {
+            st = recover(d, st, &again);
+        }
     }
     /* the last step is reported by the node once the run, evaluation
      * included, is over: the scheduler then ends the job */
-    if (!st && !s->finished && step > d->reported && step < s->trainer->total_steps) {
+    if (!st && !s->finished && d->rollback_to < 0 && step > d->reported && step < s->trainer->total_steps) {
         st = ts_member_step_done(s->member, step);
         d->reported = step;
     }
@@ -228,19 +247,15 @@ static ts_status ps_reduce_sums(ts_strategy *s, double *v, int n) {
     int64_t step = s->trainer->step;
     if (step != d->reduce_step) d->reduce_step = step, d->reductions = 0;
     bool again;
-    ts_status st = recover(d, ts_ps_client_reduce(d->c, step, d->reductions++, v, n), &again);
-    return st;
+    return recover(d, ts_ps_client_reduce(d->c, step, d->reductions++, v, n), &again);
 }
 
 /* The leader saves the whole model as the run's checkpoint (the parameters
- * of this step: an async pull on its way is waited for); the shards save
- * their own. */
+ * of its step, settled first); the shards save their own. */
 static ts_status ps_save(ts_strategy *s, char *path, size_t cap) {
     ps_strategy *d = (ps_strategy *)s;
     if (cap) path[0] = '\0';
-    ts_status st = TS_OK;
-    bool again;
-    if (ts_ps_client_pulling(d->c)) st = recover(d, pull(d, s->trainer->step, false), &again);
+    ts_status st = settle(d);
     if (!st && s->group.leader && !s->finished) st = ts_strategy_save_whole(s, path, cap);
     return st;
 }
@@ -280,7 +295,7 @@ ts_strategy *ts_strategy_ps_new(const ts_strategy_options *o) {
     }
     d->base.ops = &ps_ops;
     d->key_file = o->key_file;
-    d->have = d->reported = d->reduce_step = -1;
+    d->have = d->reported = d->reduce_step = d->rollback_to = -1;
     /* the loader is made before attach: shard it by the join's roster */
     ts_proto_member *r = NULL;
     size_t n = 0;
