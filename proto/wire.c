@@ -190,6 +190,12 @@ ts_status ts_proto_set_str(char *dst, size_t cap, const char *src) {
     return TS_OK;
 }
 
+void ts_proto_msg_values(ts_proto_msg *m, int64_t id, const double *v, int n, ts_proto_payload *p) {
+    m->dtype = TS_PROTO_DT_F64;
+    m->barrier_id = id;
+    *p = (ts_proto_payload){v, (size_t)n * sizeof *v, NULL, NULL};
+}
+
 void ts_proto_msg_error(ts_proto_msg *m, const char *job, uint64_t generation,
                         int32_t rank, uint32_t code, const char *reason) {
     ts_proto_msg_init(m, TS_MSG_ERROR, job, generation, rank);

@@ -303,6 +303,9 @@ ts_status ts_proto_msg_set_ranges(ts_proto_msg *m, const ts_proto_range *r, size
 /* Copies a string into a fixed field; TS_ERR_VALUE (nothing copied) when it
  * is longer than cap - 1 bytes. Use as ts_proto_set_str(m->reason, sizeof m->reason, s). */
 ts_status ts_proto_set_str(char *dst, size_t cap, const char *src);
+/* Makes m (already initialised) carry n f64 values: dtype f64, "bi" id, and
+ * *p the payload frame viewing v (copied when sent). */
+void ts_proto_msg_values(ts_proto_msg *m, int64_t id, const double *v, int n, ts_proto_payload *p);
 /* Builds an ERROR message (code, reason truncated to fit). */
 void ts_proto_msg_error(ts_proto_msg *m, const char *job, uint64_t generation,
                         int32_t rank, uint32_t code, const char *reason);

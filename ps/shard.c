@@ -149,10 +149,9 @@ static void ack(ts_shard *s, const ts_proto_identity *to, const ts_proto_msg *m,
 static void send_values(ts_shard *s, const ts_proto_identity *to, ts_proto_type t, int64_t step, int64_t id,
                         const double *v, int n) {
     ts_proto_msg m;
+    ts_proto_payload p;
     msg_init(s, &m, t, step);
-    m.dtype = TS_PROTO_DT_F64;
-    m.barrier_id = id;
-    ts_proto_payload p = {v, (size_t)n * sizeof *v, NULL, NULL};
+    ts_proto_msg_values(&m, id, v, n, &p);
     send(s, to, &m, &p, 1);
 }
 

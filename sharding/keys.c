@@ -72,9 +72,16 @@ static int by_offset(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Sorts the pieces by offset and joins neighbours held by one shard; hands
- * the result to the caller. */
-static void finish(plan_out *o, ts_keys_piece **out, int *n_out, ts_keys_move **moves, int *n_moves) {
+/* Ends a re-planning that came to st: on success sorts the pieces by
+ * offset, joins neighbours held by one shard and hands the result to the
+ * caller; on failure frees it. */
+static ts_status finish(ts_status st, plan_out *o, ts_keys_piece **out, int *n_out, ts_keys_move **moves,
+                        int *n_moves) {
+    if (st) {
+        free(o->p);
+        free(o->m);
+        return st;
+    }
     qsort(o->p, (size_t)o->n, sizeof *o->p, by_offset);
     int k = 0;
     for (int i = 0; i < o->n; i++) {
@@ -84,6 +91,7 @@ static void finish(plan_out *o, ts_keys_piece **out, int *n_out, ts_keys_move **
             o->p[k++] = o->p[i];
     }
     *out = o->p, *n_out = k, *moves = o->m, *n_moves = o->nm;
+    return TS_OK;
 }
 
 /* Checks that table covers [0, numel) in order with shards in [0, shards);
@@ -122,13 +130,7 @@ ts_status ts_keys_add_shard(const ts_keys_piece *table, int n, int shards, ts_ke
         if (!st && give) st = add_move(&o, p->offset + p->len - give, give, p->shard, shards);
     }
     free(excess);
-    if (st) {
-        free(o.p);
-        free(o.m);
-        return st;
-    }
-    finish(&o, out, n_out, moves, n_moves);
-    return TS_OK;
+    return finish(st, &o, out, n_out, moves, n_moves);
 }
 
 ts_status ts_keys_remove_shard(const ts_keys_piece *table, int n, int shards, int gone, ts_keys_piece **out,
@@ -162,13 +164,7 @@ ts_status ts_keys_remove_shard(const ts_keys_piece *table, int n, int shards, in
         }
     }
     free(deficit);
-    if (st) {
-        free(o.p);
-        free(o.m);
-        return st;
-    }
-    finish(&o, out, n_out, moves, n_moves);
-    return TS_OK;
+    return finish(st, &o, out, n_out, moves, n_moves);
 }
 
 /* ---- chains ---- */

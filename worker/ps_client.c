@@ -94,10 +94,9 @@ static void send_to(ts_ps_client *c, int k, const ts_proto_msg *m, const ts_prot
 
 static void send_values(ts_ps_client *c, int k, ts_proto_type t, int64_t step, int64_t id, const double *v, int n) {
     ts_proto_msg m;
+    ts_proto_payload p;
     msg_init(c, &m, t, step);
-    m.dtype = TS_PROTO_DT_F64;
-    m.barrier_id = id;
-    ts_proto_payload p = {v, (size_t)n * sizeof *v, NULL, NULL};
+    ts_proto_msg_values(&m, id, v, n, &p);
     send_to(c, k, &m, &p, 1);
 }
 

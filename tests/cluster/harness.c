@@ -1,6 +1,11 @@
 /* harness.c - process helpers for the cluster tests. */
 #include "harness.h"
 
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -240,4 +245,19 @@ int th_read_line(const char *path, char *out, size_t cap, int timeout_ms) {
         sleep_ms(20);
     } while (th_now_ms() < end);
     return -1;
+}
+
+void th_dump(const th_proc *p, const char *why) {
+    char *text = th_output(p);
+    fprintf(stderr, "---- %s ----\n%s---- end ----\n", p->out, text);
+    free(text);
+    fail_msg("%s", why);
+}
+
+void th_expect_output(const th_proc *p, const char *needle, int timeout_ms) {
+    if (th_wait_for(p, needle, timeout_ms) != 0) {
+        char why[512];
+        snprintf(why, sizeof why, "no \"%s\" in the output within %d ms", needle, timeout_ms);
+        th_dump(p, why);
+    }
 }

@@ -58,6 +58,13 @@ pid_t th_child(pid_t parent, const char *comm, int nth);
  * returns how many there were, waiting up to 500 ms for stragglers. */
 int th_leftovers(void);
 
+/* Prints p's output (for a failed assertion) and fails the test with why. */
+void th_dump(const th_proc *p, const char *why);
+
+/* Waits up to timeout_ms for needle in p's output; fails the test with the
+ * output when it does not come. */
+void th_expect_output(const th_proc *p, const char *needle, int timeout_ms);
+
 /* Milliseconds on a monotonic clock. */
 double th_now_ms(void);
 

@@ -35,22 +35,6 @@ static const char *job_file(const char *name, int steps, int workers, int server
     return th_write(file, text);
 }
 
-/* Prints a process's output (for failed assertions) and fails. */
-static void dump(const th_proc *p, const char *why) {
-    char *text = th_output(p);
-    fprintf(stderr, "---- %s ----\n%s---- end ----\n", p->out, text);
-    free(text);
-    fail_msg("%s", why);
-}
-
-static void expect_output(const th_proc *p, const char *needle, int timeout_ms) {
-    if (th_wait_for(p, needle, timeout_ms) != 0) {
-        char why[512];
-        snprintf(why, sizeof why, "no \"%s\" in the output within %d ms", needle,
-                 timeout_ms);
-        dump(p, why);
-    }
-}
 
 /* Rank and pid of the nth worker that joined ("[run] worker rank R is pid
  * P"); -1 when there are fewer. */
@@ -86,15 +70,15 @@ static void test_clean_run(void **state) {
     const char *argv[] = {"tessera-run", job, "--run-dir", th_path("run-clean"), NULL};
     th_proc run = th_start("clean", argv);
     int rc = th_wait(&run, 30000);
-    if (rc != 0) dump(&run, "tessera-run did not exit 0");
-    if (th_count(&run, "] step 20 world 4 ") != 4) dump(&run, "not 4 workers at step 20");
+    if (rc != 0) th_dump(&run, "tessera-run did not exit 0");
+    if (th_count(&run, "] step 20 world 4 ") != 4) th_dump(&run, "not 4 workers at step 20");
     for (int rank = 0; rank < 6; rank++) { /* ps 0-1, workers 2-5 */
         char needle[64];
         snprintf(needle, sizeof needle, "[%s %d] shutdown (code 0)",
                  rank < 2 ? "ps" : "worker", rank);
-        expect_output(&run, needle, 0);
+        th_expect_output(&run, needle, 0);
     }
-    expect_output(&run, "[run] job clean completed", 0);
+    th_expect_output(&run, "[run] job clean completed", 0);
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -105,24 +89,24 @@ static void test_kill_worker(void **state) {
     const char *job = job_file("kill", 60, 4, 1, 40, "\"min_workers\": 3");
     const char *argv[] = {"tessera-run", job, "--run-dir", th_path("run-kill"), NULL};
     th_proc run = th_start("kill", argv);
-    expect_output(&run, "] step 3 ", 15000);
+    th_expect_output(&run, "] step 3 ", 15000);
     pid_t victim = -1;
     int rank = joined_worker(&run, 2, &victim);
     assert_true(rank >= 0);
     double t0 = th_now_ms();
     kill(victim, SIGKILL);
-    expect_output(&run, "declared dead", 3000);
+    th_expect_output(&run, "declared dead", 3000);
     double dt = th_now_ms() - t0;
     if (dt > 1000 + 1000) /* heartbeat timeout 1000 ms + slack */
         fail_msg("declared dead %.0f ms after kill -9 (timeout 1000 ms)", dt);
-    expect_output(&run, "world size 4 -> 3 workers", 3000);
+    th_expect_output(&run, "world size 4 -> 3 workers", 3000);
     int rc = th_wait(&run, 30000);
-    if (rc != 0) dump(&run, "tessera-run did not exit 0 after losing a worker");
+    if (rc != 0) th_dump(&run, "tessera-run did not exit 0 after losing a worker");
     char needle[128];
     snprintf(needle, sizeof needle, "worker %d exited with signal 9, restart budget 0 "
              "used up; the job goes on with 3 workers", rank);
-    expect_output(&run, needle, 0);
-    if (th_count(&run, "] step 60 world 3 ") != 3) dump(&run, "not 3 workers at step 60");
+    th_expect_output(&run, needle, 0);
+    if (th_count(&run, "] step 60 world 3 ") != 3) th_dump(&run, "not 3 workers at step 60");
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -135,7 +119,7 @@ static void test_restart_worker(void **state) {
     const char *argv[] = {"tessera-run", job, "--run-dir", th_path("run-restart"),
                           NULL};
     th_proc run = th_start("restart", argv);
-    expect_output(&run, "] step 3 ", 15000);
+    th_expect_output(&run, "] step 3 ", 15000);
     pid_t victim = -1;
     int rank = joined_worker(&run, 1, &victim);
     assert_true(rank >= 0);
@@ -143,15 +127,15 @@ static void test_restart_worker(void **state) {
     char needle[128];
     snprintf(needle, sizeof needle, "[run] worker %d exited with signal 9; restarting "
              "it (restart 1 of 1)", rank);
-    expect_output(&run, needle, 5000);
+    th_expect_output(&run, needle, 5000);
     snprintf(needle, sizeof needle, "[worker %d] joined rank=%d ", rank, rank);
     if (th_wait_count(&run, needle, 2, 8000) != 0)
-        dump(&run, "restarted worker did not rejoin with its rank");
-    expect_output(&run, "its previous rank", 0);
+        th_dump(&run, "restarted worker did not rejoin with its rank");
+    th_expect_output(&run, "its previous rank", 0);
     int rc = th_wait(&run, 30000);
-    if (rc != 0) dump(&run, "tessera-run did not exit 0 after a restart");
+    if (rc != 0) th_dump(&run, "tessera-run did not exit 0 after a restart");
     snprintf(needle, sizeof needle, "[worker %d] step 80 world 3 ", rank);
-    expect_output(&run, needle, 0);
+    th_expect_output(&run, needle, 0);
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -162,7 +146,7 @@ static void test_join(void **state) {
     const char *run_dir = th_path("run-join");
     const char *argv[] = {"tessera-run", job, "--run-dir", run_dir, NULL};
     th_proc run = th_start("join", argv);
-    expect_output(&run, "] step 3 ", 15000);
+    th_expect_output(&run, "] step 3 ", 15000);
     char addr[256], key[4200], addr_file[4200];
     snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", run_dir);
     snprintf(key, sizeof key, "%s/job.key", run_dir);
@@ -170,14 +154,14 @@ static void test_join(void **state) {
 
     const char *jargv[] = {"tessera-run", "--join", addr, "--key-file", key, job, NULL};
     th_proc joiner = th_start("joiner", jargv);
-    expect_output(&joiner, "joined rank=", 8000);
+    th_expect_output(&joiner, "joined rank=", 8000);
     char *text = th_output(&joiner);
     const char *s = strstr(text, "start_step=");
     long start = s ? strtol(s + 11, NULL, 10) : -1;
     free(text);
     assert_true(start >= 3); /* entered at a step boundary, not at step 0 */
-    expect_output(&joiner, "world=3", 0);
-    expect_output(&run, "world size 2 -> 3 workers", 5000);
+    th_expect_output(&joiner, "world=3", 0);
+    th_expect_output(&run, "world size 2 -> 3 workers", 5000);
 
     const char *sargv[] = {"tessera-run", "--status", addr, "--key-file", key, NULL};
     th_proc status = th_start("join-status", sargv);
@@ -186,12 +170,12 @@ static void test_join(void **state) {
     int workers = 0;
     for (const char *p = st; (p = strstr(p, "worker")); p += 6) workers++;
     free(st);
-    if (workers < 3) dump(&status, "status roster does not list 3 workers");
+    if (workers < 3) th_dump(&status, "status roster does not list 3 workers");
 
     assert_int_equal(th_wait(&joiner, 30000), 0);
-    expect_output(&joiner, "step 80 world 3", 0);
+    th_expect_output(&joiner, "step 80 world 3", 0);
     int rc = th_wait(&run, 30000);
-    if (rc != 0) dump(&run, "tessera-run did not exit 0 with a joined worker");
+    if (rc != 0) th_dump(&run, "tessera-run did not exit 0 with a joined worker");
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -224,38 +208,38 @@ static void test_key_required(void **state) {
     snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", run_dir);
     snprintf(key, sizeof key, "%s/job.key", run_dir);
     assert_int_equal(th_read_line(addr_file, addr, sizeof addr, 10000), 0);
-    expect_output(&run, "] step 2 ", 10000);
+    th_expect_output(&run, "] step 2 ", 10000);
 
     const char *good[] = {"tessera-run", "--status", addr, "--key-file", key, NULL};
     th_proc ok = th_start("status-good", good);
     assert_int_equal(th_wait(&ok, 10000), 0);
-    expect_output(&ok, "running", 0);
+    th_expect_output(&ok, "running", 0);
 
     const char *other = th_path("other.key");
     assert_int_equal(ts_secure_keygen(other, NULL), TS_OK);
     const char *bad[] = {"tessera-run", "--status", addr, "--key-file", other, NULL};
     th_proc refused = th_start("status-bad", bad);
     int rc = th_wait(&refused, 15000);
-    if (rc == 0) dump(&refused, "status with a foreign key succeeded");
+    if (rc == 0) th_dump(&refused, "status with a foreign key succeeded");
     /* knows the server's public key, not the job's client secret */
     const char *forged = forge_key(key, other);
     const char *fbad[] = {"tessera-run", "--status", addr, "--key-file", forged, NULL};
     th_proc forged_status = th_start("status-forged", fbad);
     rc = th_wait(&forged_status, 15000);
-    if (rc == 0) dump(&forged_status, "status with a forged client key succeeded");
+    if (rc == 0) th_dump(&forged_status, "status with a forged client key succeeded");
     const char *wbad[] = {"tessera-worker", "--scheduler", addr, "--key-file", forged,
                           "--job", job, "--set", "parallel.join_timeout_ms=3000", NULL};
     th_proc intruder = th_start("worker-bad", wbad);
     th_wait(&intruder, 15000);
-    if (intruder.status == 0) dump(&intruder, "worker with a forged key joined");
-    expect_output(&intruder, "join failed", 0);
+    if (intruder.status == 0) th_dump(&intruder, "worker with a forged key joined");
+    th_expect_output(&intruder, "join failed", 0);
     /* the job did not change: still one worker */
-    if (th_count(&run, "world size 1 -> 2") != 0) dump(&run, "intruder joined");
+    if (th_count(&run, "world size 1 -> 2") != 0) th_dump(&run, "intruder joined");
 
     kill(run.pid, SIGTERM);
     rc = th_wait(&run, 10000);
     assert_int_equal(rc, 128 + SIGTERM);
-    expect_output(&run, "interrupted by SIGTERM", 0);
+    th_expect_output(&run, "interrupted by SIGTERM", 0);
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -278,7 +262,7 @@ static void test_launcher_killed(void **state) {
     const char *job = job_file("killed", 0, 2, 1, 20, "");
     const char *argv[] = {"tessera-run", job, "--run-dir", th_path("run-killed"), NULL};
     th_proc run = th_start("killed", argv);
-    expect_output(&run, "] step 2 ", 15000);
+    th_expect_output(&run, "] step 2 ", 15000);
     char *text = th_output(&run);
     pid_t pids[8];
     int n = 0;
@@ -307,7 +291,7 @@ static void test_stopped_worker(void **state) {
                                "\"barrier_timeout_ms\": 1500");
     const char *argv[] = {"tessera-run", job, "--run-dir", th_path("run-stop"), NULL};
     th_proc run = th_start("stop", argv);
-    expect_output(&run, "] step 3 ", 15000);
+    th_expect_output(&run, "] step 3 ", 15000);
     pid_t victim = -1;
     int rank = joined_worker(&run, 2, &victim);
     assert_true(rank >= 0);
@@ -319,14 +303,14 @@ static void test_stopped_worker(void **state) {
     while (count_lines(&run, "[worker ", needle) < 2 && th_now_ms() - t0 < 1500 + 2500)
         usleep(20000);
     if (count_lines(&run, "[worker ", needle) < 2)
-        dump(&run, "the other workers did not both get the barrier error naming it");
+        th_dump(&run, "the other workers did not both get the barrier error naming it");
     int rc = th_wait(&run, 15000);
     assert_int_not_equal(rc, 0);
     char *text = th_output(&run);
     const char *last = strstr(text, "[run] job stop failed: ");
     int names_it = last && strstr(last, needle) && strstr(last, "did not reach barrier");
     free(text);
-    if (!names_it) dump(&run, "the failure reason does not name the stopped rank");
+    if (!names_it) th_dump(&run, "the failure reason does not name the stopped rank");
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -351,18 +335,18 @@ static void stall_scheduler(const char *name, int servers, int workers, int stal
     snprintf(run_dir, sizeof run_dir, "run-%s", name);
     const char *argv[] = {"tessera-run", job, "--run-dir", th_path(run_dir), NULL};
     th_proc run = th_start(name, argv);
-    expect_output(&run, "] step 5 ", 15000);
+    th_expect_output(&run, "] step 5 ", 15000);
     pid_t sched = scheduler_pid(&run);
     assert_true(sched > 0);
     kill(sched, SIGSTOP);
     usleep((useconds_t)stall_ms * 1000);
     kill(sched, SIGCONT);
     int rc = th_wait(&run, 60000);
-    if (rc != 0) dump(&run, "tessera-run did not exit 0 after the scheduler stall");
-    if (th_count(&run, "declared dead") != 0) dump(&run, "a member was declared dead");
+    if (rc != 0) th_dump(&run, "tessera-run did not exit 0 after the scheduler stall");
+    if (th_count(&run, "declared dead") != 0) th_dump(&run, "a member was declared dead");
     char needle[64];
     snprintf(needle, sizeof needle, "] step 100 world %d ", workers);
-    if (th_count(&run, needle) != workers) dump(&run, "not every worker finished in the same world");
+    if (th_count(&run, needle) != workers) th_dump(&run, "not every worker finished in the same world");
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -389,7 +373,7 @@ static void test_scheduler_killed(void **state) {
                            "--key-file", key, "--servers", "1", "--min-workers", "1",
                            "--heartbeat-ms", "100", "--heartbeat-timeout-ms", "1000", NULL};
     th_proc sched = th_start("orphans-scheduler", sargv);
-    expect_output(&sched, "listening ", 10000);
+    th_expect_output(&sched, "listening ", 10000);
     char *text = th_output(&sched), addr[256] = "";
     sscanf(strstr(text, "listening ") + 10, "%255s", addr);
     free(text);
@@ -397,18 +381,18 @@ static void test_scheduler_killed(void **state) {
     const char *wargv[] = {"tessera-worker", "--scheduler", addr, "--key-file", key, "--job", job,
                            NULL};
     th_proc ps = th_start("orphans-ps", pargv), worker = th_start("orphans-worker", wargv);
-    expect_output(&worker, "step 3 ", 15000);
-    expect_output(&ps, "joined rank=", 0);
+    th_expect_output(&worker, "step 3 ", 15000);
+    th_expect_output(&ps, "joined rank=", 0);
     kill(sched.pid, SIGKILL);
     assert_int_equal(th_wait(&sched, 5000), 128 + SIGKILL);
     /* heartbeat timeout 1000 ms, plus slack for a loaded machine */
     int rc_ps = th_wait(&ps, 1000 + 4000), rc_worker = th_wait(&worker, 1000 + 4000);
     char needle[300];
     snprintf(needle, sizeof needle, "scheduler %s silent for ", addr);
-    if (rc_ps <= 0) dump(&ps, "tessera-ps did not exit non-zero after the scheduler died");
-    if (th_count(&ps, needle) == 0) dump(&ps, "tessera-ps did not name the silent scheduler");
-    if (rc_worker <= 0) dump(&worker, "tessera-worker did not exit non-zero after the scheduler died");
-    if (th_count(&worker, needle) == 0) dump(&worker, "tessera-worker did not name the silent scheduler");
+    if (rc_ps <= 0) th_dump(&ps, "tessera-ps did not exit non-zero after the scheduler died");
+    if (th_count(&ps, needle) == 0) th_dump(&ps, "tessera-ps did not name the silent scheduler");
+    if (rc_worker <= 0) th_dump(&worker, "tessera-worker did not exit non-zero after the scheduler died");
+    if (th_count(&worker, needle) == 0) th_dump(&worker, "tessera-worker did not name the silent scheduler");
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -433,7 +417,7 @@ static void test_mpirun(void **state) {
         fprintf(stderr, "tessera-run built without MPI: skipping the MPI test\n");
         skip();
     }
-    if (rc != 0) dump(&spmd, "mpirun -np 4 tessera-run --mpi did not exit 0");
+    if (rc != 0) th_dump(&spmd, "mpirun -np 4 tessera-run --mpi did not exit 0");
     assert_int_equal(th_count(&spmd, "step 10 world 2"), 2);
     assert_int_equal(th_count(&spmd, "shutdown (code 0)"), 3); /* ps + 2 workers */
 
@@ -444,7 +428,7 @@ static void test_mpirun(void **state) {
                           "-np", "1", run_bin, "--mpi", "--role", "worker", job, NULL};
     th_proc m = th_start("mpi-mpmd", mpmd);
     rc = th_wait(&m, 30000);
-    if (rc != 0) dump(&m, "MPMD mpirun did not exit 0");
+    if (rc != 0) th_dump(&m, "MPMD mpirun did not exit 0");
     assert_int_equal(th_count(&m, "step 10 world 2"), 2);
     assert_int_equal(th_leftovers(), 0);
 }

@@ -27,21 +27,6 @@
 
 enum { MAX_STEPS = 512 };
 
-/* Prints a process's output (for failed assertions) and fails. */
-static void dump(const th_proc *p, const char *why) {
-    char *text = th_output(p);
-    fprintf(stderr, "---- %s ----\n%s---- end ----\n", p->out, text);
-    free(text);
-    fail_msg("%s", why);
-}
-
-static void expect_output(const th_proc *p, const char *needle, int timeout_ms) {
-    if (th_wait_for(p, needle, timeout_ms) != 0) {
-        char why[512];
-        snprintf(why, sizeof why, "no \"%s\" in the output within %d ms", needle, timeout_ms);
-        dump(p, why);
-    }
-}
 
 /* A job file: the MLP on Fashion-MNIST or the small GPT, `steps` steps at
  * batch b per worker; parallel is the "parallel" section's body. */
@@ -87,7 +72,7 @@ static void finish_run(th_proc *p, int timeout_ms) {
     if (rc != 0) {
         char why[128];
         snprintf(why, sizeof why, "tessera-run exited with %d", rc);
-        dump(p, why);
+        th_dump(p, why);
     }
 }
 
@@ -134,12 +119,12 @@ static double evaluate(const char *run, int step) {
     snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-%d", run, step);
     const char *argv[] = {"tessera-run", "--eval", ckpt, NULL};
     th_proc p = th_start("eval", argv);
-    if (th_wait(&p, 60000) != 0) dump(&p, "tessera-run --eval failed");
+    if (th_wait(&p, 60000) != 0) th_dump(&p, "tessera-run --eval failed");
     char *text = th_output(&p);
     const char *a = strstr(text, "accuracy ");
     double acc = a ? atof(a + 9) : -1;
     free(text);
-    if (acc < 0) dump(&p, "no accuracy in the evaluation");
+    if (acc < 0) th_dump(&p, "no accuracy in the evaluation");
     return acc;
 }
 
@@ -232,19 +217,19 @@ static void test_join(void **state) {
     const char *job = elastic_job("join", "\"workers\": 2, \"max_workers\": 3");
     const char *run = th_path("run-join");
     th_proc p = start_run("join", job, run, NULL);
-    expect_output(&p, "step 20/240", 30000);
+    th_expect_output(&p, "step 20/240", 30000);
     char addr[256], key[4200], addr_file[4200];
     snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", run);
     snprintf(key, sizeof key, "%s/job.key", run);
     assert_int_equal(th_read_line(addr_file, addr, sizeof addr, 2000), 0);
     const char *jargv[] = {"tessera-run", "--join", addr, "--key-file", key, job, "--run-dir", th_path("joiner"), NULL};
     th_proc joiner = th_start("joiner", jargv);
-    expect_output(&joiner, "joined rank=", 20000);
-    expect_output(&p, "world size 2 -> 3 workers", 20000);
-    expect_output(&p, ": 3 workers", 0); /* the shards' quorum */
+    th_expect_output(&joiner, "joined rank=", 20000);
+    th_expect_output(&p, "world size 2 -> 3 workers", 20000);
+    th_expect_output(&p, ": 3 workers", 0); /* the shards' quorum */
     finish_run(&p, 120000);
-    if (th_wait(&joiner, 20000) != 0) dump(&joiner, "the joined worker did not exit 0");
-    expect_output(&joiner, "shutdown (code 0)", 0);
+    if (th_wait(&joiner, 20000) != 0) th_dump(&joiner, "the joined worker did not exit 0");
+    th_expect_output(&joiner, "shutdown (code 0)", 0);
     expect_accuracy(run, 240);
     assert_int_equal(th_leftovers(), 0);
 }
@@ -256,13 +241,13 @@ static void test_kill_worker(void **state) {
     const char *job = elastic_job("killw", "\"workers\": 3, \"min_workers\": 2");
     const char *run = th_path("run-killw");
     th_proc p = start_run("killw", job, run, NULL);
-    expect_output(&p, "step 40/240", 30000);
+    th_expect_output(&p, "step 40/240", 30000);
     pid_t victim = pid_of(&p, "worker", 4); /* not the leader (rank 2) */
     assert_true(victim > 0);
     kill(victim, SIGKILL);
-    expect_output(&p, "world size 3 -> 2 workers", 20000);
+    th_expect_output(&p, "world size 3 -> 2 workers", 20000);
     finish_run(&p, 120000);
-    expect_output(&p, "worker 4 exited with signal 9, restart budget 0 used up; the job goes on with 2 workers", 0);
+    th_expect_output(&p, "worker 4 exited with signal 9, restart budget 0 used up; the job goes on with 2 workers", 0);
     expect_accuracy(run, 240);
     assert_int_equal(th_leftovers(), 0);
 }
@@ -275,13 +260,13 @@ static void test_kill_shard(void **state) {
     const char *job = elastic_job("kills", "\"workers\": 2, \"max_restarts\": 1");
     const char *run = th_path("run-kills");
     th_proc p = start_run("kills", job, run, "train.checkpoint_every=25", NULL);
-    expect_output(&p, "step 60/240", 30000);
+    th_expect_output(&p, "step 60/240", 30000);
     pid_t victim = pid_of(&p, "ps", 1);
     assert_true(victim > 0);
     kill(victim, SIGKILL);
-    expect_output(&p, "[run] ps 1 exited with signal 9; restarting it (restart 1 of 1)", 10000);
-    expect_output(&p, "shard 1: restored from its checkpoint of step ", 20000);
-    expect_output(&p, "and replays ", 20000);
+    th_expect_output(&p, "[run] ps 1 exited with signal 9; restarting it (restart 1 of 1)", 10000);
+    th_expect_output(&p, "shard 1: restored from its checkpoint of step ", 20000);
+    th_expect_output(&p, "and replays ", 20000);
     finish_run(&p, 120000);
     th_proc quiet = start_run("kills-quiet", job, th_path("run-quiet"), "train.checkpoint_every=25", NULL);
     finish_run(&quiet, 120000);
@@ -298,14 +283,14 @@ static void test_kill_primary(void **state) {
     const char *job = elastic_job("killp", "\"workers\": 2, \"ps_replicas\": 2");
     const char *run = th_path("run-killp");
     th_proc p = start_run("killp", job, run, NULL);
-    expect_output(&p, "step 60/240", 30000);
+    th_expect_output(&p, "step 60/240", 30000);
     pid_t victim = pid_of(&p, "ps", 0); /* shard 0's primary; rank 2 is its backup */
     assert_true(victim > 0);
     kill(victim, SIGKILL);
-    expect_output(&p, "shard 0: promoted to primary at step ", 20000);
+    th_expect_output(&p, "shard 0: promoted to primary at step ", 20000);
     finish_run(&p, 120000);
-    expect_output(&p, "its shard goes on with its replica", 0);
-    if (th_count(&p, "replays") != 0) dump(&p, "a step was replayed: something was lost");
+    th_expect_output(&p, "its shard goes on with its replica", 0);
+    if (th_count(&p, "replays") != 0) th_dump(&p, "a step was replayed: something was lost");
     th_proc quiet = start_run("killp-quiet", job, th_path("run-quiet-p"), "parallel.ps_replicas=1", NULL);
     finish_run(&quiet, 120000);
     same_losses(run, th_path("run-quiet-p"), 240, 0);
