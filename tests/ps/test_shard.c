@@ -1,0 +1,390 @@
+/* test_shard.c - one parameter-server shard as a state machine, without
+ * sockets: a sync step gives a local run's update bit for bit; a change of
+ * workers makes the step be computed again; a restarted shard says where
+ * it is and rolls back to its checkpoint; async applies each commit; bad
+ * requests are refused, answered and counted; sums are reduced. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/io/atomic.h"
+#include "kernels/nn/models.h"
+#include "kernels/optim/clip.h"
+#include "proto/job_model.h"
+#include "ps/shard.h"
+
+/* ---- the replies the shard sends ---- */
+
+typedef struct {
+    ts_proto_type type;
+    uint32_t code;
+    int64_t step;
+    uint64_t generation;
+    double values[8];
+    int nvalues;
+    float *data; /* a pull's parameters */
+    size_t nfloats;
+} reply_rec;
+
+static reply_rec replies[64];
+static int nreplies;
+
+static void capture(void *ctx, const ts_proto_identity *to, const ts_proto_msg *m, const ts_proto_payload *p,
+                    size_t np) {
+    (void)ctx, (void)to;
+    assert_true(nreplies < 64);
+    reply_rec *r = &replies[nreplies++];
+    memset(r, 0, sizeof *r);
+    r->type = m->type, r->code = m->code, r->step = m->step, r->generation = m->generation;
+    if (m->type == TS_MSG_PULL_REPLY) {
+        for (size_t i = 0; i < np; i++) r->nfloats += p[i].size / 4;
+        r->data = malloc(r->nfloats * 4);
+        size_t at = 0;
+        for (size_t i = 0; i < np; i++) {
+            memcpy(r->data + at, p[i].data, p[i].size);
+            at += p[i].size / 4;
+        }
+    } else if (np == 1 && m->dtype == TS_PROTO_DT_F64) {
+        r->nvalues = (int)(p[0].size / 8);
+        memcpy(r->values, p[0].data, p[0].size);
+    }
+    for (size_t i = 0; i < np; i++)
+        if (p[i].free_fn) p[i].free_fn((void *)p[i].data, p[i].hint);
+}
+
+static void forget_replies(void) {
+    for (int i = 0; i < nreplies; i++) free(replies[i].data);
+    nreplies = 0;
+}
+
+/* ---- a job and its shard ---- */
+
+static ts_job job;
+static ts_model *model;
+static const ts_proto_identity who = {{'w'}, 1};
+
+static ts_shard *make_shard(const char *consistency, double clip, const char *root) {
+    char text[512];
+    snprintf(text, sizeof text,
+             "{\"name\": \"t\", \"seed\": 3, \"model\": {\"arch\": \"mlp\", \"hidden\": [8]},"
+             " \"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.01, \"weight_decay\": 0.1, \"clip_norm\": %g},"
+             " \"train\": {\"checkpoint_every\": 0},"
+             " \"parallel\": {\"strategy\": \"ps\", \"servers\": 2, \"consistency\": \"%s\"}}",
+             clip, consistency);
+    assert_int_equal(ts_job_parse(text, NULL, 0, &job), TS_OK);
+    ts_model_spec spec;
+    assert_int_equal(ts_job_model_spec(&job, &spec), TS_OK);
+    ts_model_free(model);
+    model = ts_model_build(&spec, 0, -1, ts_key_from_seed(3), TS_F32);
+    assert_non_null(model);
+    ts_shard_config c = {.job = &job, .shard = 1, .shards = 2, .rank = 1, .root = root, .reply = capture};
+    ts_shard *s = ts_shard_create(&c, model);
+    assert_non_null(s);
+    ts_shard_workers(s, 1, (int32_t[]){2, 3}, 2);
+    forget_replies();
+    return s;
+}
+
+/* A request of type t from worker rank, step, generation g. */
+static ts_proto_msg request(ts_proto_type t, int32_t rank, int64_t step, uint64_t g) {
+    ts_proto_msg m;
+    ts_proto_msg_init(&m, t, "t", g, rank);
+    m.step = step;
+    return m;
+}
+
+/* Pushes g[0..len) for keys [off, off + len) of step. */
+static void push(ts_shard *s, int32_t rank, int64_t step, uint64_t g, int64_t off, int64_t len, const float *grad) {
+    ts_proto_msg m = request(TS_MSG_PUSH, rank, step, g);
+    m.dtype = TS_PROTO_DT_F32;
+    ts_proto_range r = {(uint64_t)off, (uint64_t)len};
+    ts_proto_msg_set_ranges(&m, &r, 1);
+    uint64_t bytes = (uint64_t)len * 4;
+    ts_proto_frame f = {grad, bytes};
+    m.lengths = &bytes, m.nlengths = 1, m.payload = &f;
+    ts_shard_handle(s, &who, &m);
+    m.lengths = NULL, m.nlengths = 0;
+    ts_proto_msg_free(&m);
+}
+
+/* Sends a values message (COMMIT, APPLY, REDUCE) of n values. */
+static void values(ts_shard *s, ts_proto_type t, int32_t rank, int64_t step, uint64_t g, const double *v, int n) {
+    ts_proto_msg m = request(t, rank, step, g);
+    m.dtype = TS_PROTO_DT_F64;
+    uint64_t bytes = (uint64_t)n * 8;
+    ts_proto_frame f = {v, bytes};
+    m.lengths = &bytes, m.nlengths = 1, m.payload = &f;
+    ts_shard_handle(s, &who, &m);
+}
+
+static void commit(ts_shard *s, int32_t rank, int64_t step, uint64_t g, double loss) {
+    double v[TS_COMMIT_VALUES] = {loss, 4, 0, 0.01, 0, 4 * step};
+    values(s, TS_MSG_COMMIT, rank, step, g, v, TS_COMMIT_VALUES);
+}
+
+static void pull(ts_shard *s, int64_t step, int64_t off, int64_t len) {
+    ts_proto_msg m = request(TS_MSG_PULL, 2, step, 1);
+    m.dtype = TS_PROTO_DT_F32;
+    ts_proto_range r = {(uint64_t)off, (uint64_t)len};
+    ts_proto_msg_set_ranges(&m, &r, 1);
+    ts_shard_handle(s, &who, &m);
+    ts_proto_msg_free(&m);
+}
+
+/* A gradient for the whole model, different per worker. */
+static float *gradient(int worker) {
+    float *g = malloc((size_t)model->numel * sizeof *g);
+    for (int64_t i = 0; i < model->numel; i++) g[i] = (float)((i * 7 + worker * 13) % 29) / 29.0f - 0.4f;
+    return g;
+}
+
+/* ---- tests ---- */
+
+static void test_sync_step_is_the_local_update(void **state) {
+    (void)state;
+    ts_shard *s = make_shard("sync", 0.5, NULL);
+    int64_t off, len;
+    ts_shard_range(s, &off, &len);
+    assert_true(off > 0 && off + len == model->numel);
+    float *g2 = gradient(2), *g3 = gradient(3);
+    /* worker 2 pushes in two ranges, worker 3 in one */
+    push(s, 2, 1, 1, off, len / 2, g2 + off);
+    push(s, 2, 1, 1, off + len / 2, len - len / 2, g2 + off + len / 2);
+    push(s, 3, 1, 1, off, len, g3 + off);
+    assert_int_equal(nreplies, 3);
+    for (int i = 0; i < 3; i++) assert_int_equal(replies[i].type, TS_MSG_ACK);
+    commit(s, 2, 1, 1, 8.0);
+    assert_int_equal(nreplies, 3); /* undecided until worker 3 commits */
+    commit(s, 3, 1, 1, 4.0);
+    assert_int_equal(nreplies, 5);
+    /* the averaged gradient as the shard makes it: rank order, then 1/2 */
+    float *avg = malloc((size_t)model->numel * sizeof *avg);
+    for (int64_t i = 0; i < model->numel; i++) avg[i] = g2[i] + g3[i];
+    ts_clip_scale(avg, model->numel, 0.5f);
+    double sq = ts_clip_sq_norm(avg + off, len);
+    for (int i = 3; i < 5; i++) {
+        assert_int_equal(replies[i].type, TS_MSG_COMMIT_REPLY);
+        assert_true(replies[i].values[TS_DECIDED_LOSS_SUM] == 12.0);
+        assert_true(replies[i].values[TS_DECIDED_SAMPLES] == 8.0);
+        assert_true(replies[i].values[TS_DECIDED_SQ_NORM] == sq);
+        assert_true(replies[i].values[TS_DECIDED_WORKERS] == 2);
+    }
+    /* a pull of step 1 waits for the apply */
+    pull(s, 1, off, len);
+    assert_int_equal(nreplies, 5);
+    double total = sq + 0.75; /* the other shard's part, as the workers sum it */
+    values(s, TS_MSG_APPLY, 2, 1, 1, &total, 1);
+    assert_int_equal(nreplies, 6);
+    assert_int_equal(replies[5].type, TS_MSG_PULL_REPLY);
+    assert_int_equal(replies[5].step, 1);
+    /* the local run: clip the whole gradient by the global norm and step */
+    ts_optim_config oc;
+    ts_optim_groups groups;
+    assert_int_equal(ts_job_optim_config(&job, &oc), TS_OK);
+    assert_int_equal(ts_job_optim_groups(model, &groups), TS_OK);
+    assert_int_equal(ts_model_alloc_state(model, ts_optim_state_slots(&oc)), TS_OK);
+    ts_clip_scale(avg, model->numel, (float)ts_clip_coef(sqrt(total), 0.5));
+    assert_int_equal(ts_optim_step_flat(&oc, 1, 0.01, &groups, ts_f32(model->flat_params), avg, model->state,
+                                        model->numel, 0, model->numel),
+                     TS_OK);
+    assert_int_equal(replies[5].nfloats, (size_t)len);
+    assert_memory_equal(replies[5].data, ts_f32(model->flat_params) + off, (size_t)len * 4);
+    /* a repeated commit of the applied step is answered again; a repeated apply is ignored */
+    commit(s, 3, 1, 1, 4.0);
+    assert_int_equal(replies[6].type, TS_MSG_COMMIT_REPLY);
+    values(s, TS_MSG_APPLY, 3, 1, 1, &total, 1);
+    assert_int_equal(nreplies, 7);
+    assert_int_equal(ts_shard_step(s), 1);
+    assert_int_equal(ts_shard_refused(s), 0);
+    ts_optim_groups_free(&groups);
+    free(g2), free(g3), free(avg);
+    forget_replies();
+    ts_shard_free(s);
+}
+
+static void test_changed_workers_redo_the_step(void **state) {
+    (void)state;
+    ts_shard *s = make_shard("sync", 0, NULL);
+    int64_t off, len;
+    ts_shard_range(s, &off, &len);
+    float *g2 = gradient(2);
+    push(s, 2, 1, 1, off, len, g2 + off);
+    commit(s, 2, 1, 1, 1.0);
+    push(s, 3, 1, 1, off, len / 2, g2 + off); /* half pushed when it dies */
+    forget_replies();
+    ts_shard_workers(s, 2, (int32_t[]){2}, 1);
+    /* the waiting commit is told to compute step 1 again in generation 2 */
+    assert_int_equal(nreplies, 1);
+    assert_int_equal(replies[0].code, TS_PROTO_E_REDO);
+    assert_int_equal(replies[0].generation, 2);
+    assert_int_equal(replies[0].step, 1);
+    /* a message of the old workers gets the same answer */
+    push(s, 2, 1, 1, off, len, g2 + off);
+    assert_int_equal(replies[1].code, TS_PROTO_E_REDO);
+    /* the dead worker's half is gone: worker 2 alone decides the step */
+    push(s, 2, 1, 2, off, len, g2 + off);
+    commit(s, 2, 1, 2, 1.0);
+    assert_int_equal(replies[nreplies - 1].type, TS_MSG_COMMIT_REPLY);
+    assert_true(replies[nreplies - 1].values[TS_DECIDED_WORKERS] == 1);
+    assert_true(replies[nreplies - 1].values[TS_DECIDED_SQ_NORM] == ts_clip_sq_norm(g2 + off, len));
+    /* a rank that is not a live worker is refused */
+    commit(s, 3, 1, 2, 1.0);
+    assert_int_equal(replies[nreplies - 1].code, TS_PROTO_E_REFUSED);
+    assert_int_equal(ts_shard_refused(s), 1);
+    free(g2);
+    forget_replies();
+    ts_shard_free(s);
+}
+
+/* One sync step of both workers with gradient g. */
+static void sync_step(ts_shard *s, int64_t step, const float *g) {
+    int64_t off, len;
+    ts_shard_range(s, &off, &len);
+    for (int32_t r = 2; r <= 3; r++) {
+        push(s, r, step, 1, off, len, g + off);
+        commit(s, r, step, 1, 1.0);
+    }
+    double sq = 1;
+    values(s, TS_MSG_APPLY, 2, step, 1, &sq, 1);
+}
+
+static void test_restart_behind_and_rollback(void **state) {
+    (void)state;
+    char root[] = "/tmp/test-shard-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    ts_shard *s = make_shard("sync", 0, root);
+    int64_t off, len;
+    ts_shard_range(s, &off, &len);
+    float *g = gradient(2);
+    sync_step(s, 1, g);
+    ts_shard_set_writer(s, true);
+    ts_shard_checkpoint(s);
+    forget_replies();
+    pull(s, 1, off, len);
+    float *at1 = replies[0].data;
+    replies[0].data = NULL;
+    sync_step(s, 2, g);
+    assert_int_equal(ts_shard_step(s), 2);
+    /* a shard that restarted from step 1 refuses step 3 saying where it is */
+    ts_shard *r = make_shard("sync", 0, root);
+    bool found;
+    assert_int_equal(ts_shard_restore(r, -1, &found), TS_OK);
+    assert_true(found);
+    assert_int_equal(ts_shard_step(r), 1);
+    push(r, 2, 3, 1, off, len, g + off);
+    assert_int_equal(replies[0].code, TS_PROTO_E_BEHIND);
+    assert_int_equal(replies[0].step, 1);
+    /* the others roll back to its step: the parameters of step 1 again */
+    forget_replies();
+    ts_proto_msg m = request(TS_MSG_ROLLBACK, 2, 1, 1);
+    ts_shard_handle(s, &who, &m);
+    assert_int_equal(replies[0].type, TS_MSG_ACK);
+    assert_int_equal(replies[0].step, 1);
+    assert_int_equal(ts_shard_step(s), 1);
+    pull(s, 1, off, len);
+    assert_memory_equal(replies[1].data, at1, (size_t)len * 4);
+    /* a step without a checkpoint cannot be returned to */
+    m.step = 0;
+    ts_shard_handle(s, &who, &m);
+    assert_int_equal(replies[2].code, TS_PROTO_E_INTERNAL);
+    free(g), free(at1);
+    forget_replies();
+    ts_shard_free(s);
+    ts_shard_free(r);
+    assert_int_equal(ts_io_remove_tree(root), TS_OK);
+}
+
+static void test_async_applies_each_commit(void **state) {
+    (void)state;
+    ts_shard *s = make_shard("async", 0, NULL);
+    int64_t off, len;
+    ts_shard_range(s, &off, &len);
+    float *g = gradient(3);
+    push(s, 3, 1, 1, off, len, g + off);
+    commit(s, 3, 1, 1, 2.0);
+    assert_int_equal(ts_shard_updates(s), 1); /* applied without waiting for worker 2 */
+    assert_int_equal(replies[1].type, TS_MSG_COMMIT_REPLY);
+    assert_true(replies[1].values[TS_DECIDED_LOSS_SUM] == 2.0);
+    push(s, 3, 2, 1, off, len, g + off);
+    commit(s, 3, 2, 1, 2.0);
+    commit(s, 3, 2, 1, 2.0); /* a repeat is answered, not applied */
+    assert_int_equal(ts_shard_updates(s), 2);
+    assert_int_equal(ts_shard_step(s), 0); /* worker 2 finished no step yet */
+    free(g);
+    forget_replies();
+    ts_shard_free(s);
+}
+
+static void test_bad_requests_are_refused(void **state) {
+    (void)state;
+    ts_shard *s = make_shard("sync", 0, NULL);
+    int64_t off, len;
+    ts_shard_range(s, &off, &len);
+    float *g = gradient(2);
+    /* keys of the other shard */
+    push(s, 2, 1, 1, 0, 4, g);
+    assert_int_equal(replies[0].code, TS_PROTO_E_RANGE);
+    /* a commit before the pushes cover the shard */
+    push(s, 2, 1, 1, off, 4, g + off);
+    commit(s, 2, 1, 1, 1.0);
+    assert_int_equal(replies[2].code, TS_PROTO_E_UNEXPECTED);
+    /* a commit with too few values */
+    double v[2] = {1, 2};
+    values(s, TS_MSG_COMMIT, 2, 1, 1, v, 2);
+    assert_int_equal(replies[3].code, TS_PROTO_E_PAYLOAD_LEN);
+    /* apply of a step nobody decided */
+    values(s, TS_MSG_APPLY, 2, 1, 1, v, 1);
+    assert_int_equal(replies[4].code, TS_PROTO_E_UNEXPECTED);
+    /* a type a shard does not take */
+    ts_proto_msg m = request(TS_MSG_BARRIER, 2, 1, 1);
+    ts_shard_handle(s, &who, &m);
+    assert_int_equal(replies[5].code, TS_PROTO_E_UNEXPECTED);
+    assert_int_equal(ts_shard_refused(s), 5);
+    assert_int_equal(ts_shard_step(s), 0); /* nothing touched the parameters */
+    free(g);
+    forget_replies();
+    ts_shard_free(s);
+}
+
+static void test_reduce_sums_over_workers(void **state) {
+    (void)state;
+    ts_shard *s = make_shard("sync", 0, NULL);
+    double a[3] = {1, 2, 3}, b[3] = {10, 20, 30};
+    values(s, TS_MSG_REDUCE, 3, 5, 0, a, 3);
+    assert_int_equal(nreplies, 0);
+    values(s, TS_MSG_REDUCE, 2, 5, 0, b, 3);
+    assert_int_equal(nreplies, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(replies[i].type, TS_MSG_REDUCE_REPLY);
+        assert_true(replies[i].values[0] == 11 && replies[i].values[1] == 22 && replies[i].values[2] == 33);
+    }
+    values(s, TS_MSG_REDUCE, 3, 5, 0, a, 3); /* a repeat gets the same sums */
+    assert_true(replies[2].values[2] == 33);
+    forget_replies();
+    ts_shard_free(s);
+}
+
+static int teardown(void **state) {
+    (void)state;
+    ts_model_free(model);
+    model = NULL;
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sync_step_is_the_local_update),
+        cmocka_unit_test(test_changed_workers_redo_the_step),
+        cmocka_unit_test(test_restart_behind_and_rollback),
+        cmocka_unit_test(test_async_applies_each_commit),
+        cmocka_unit_test(test_bad_requests_are_refused),
+        cmocka_unit_test(test_reduce_sums_over_workers),
+    };
+    return cmocka_run_group_tests(tests, NULL, teardown);
+}
