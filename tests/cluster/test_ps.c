@@ -8,7 +8,8 @@
  * killed, a shard without a replica is killed and restarted from its
  * checkpoint (the job rolls back and replays), a primary with a backup is
  * killed (nothing is lost: the losses are those of an undisturbed run);
- * each ends with a checkpoint that evaluates to the expected accuracy.
+ * each ends with a checkpoint that evaluates to the expected accuracy. A
+ * job resumed from its checkpoints goes on as if it never stopped.
  * Run one test by name: cluster_test_ps <name>.
  */
 #include <setjmp.h>
@@ -167,6 +168,12 @@ static void equivalence(bool gpt, int b) {
 static void test_equivalence_mlp(void **state) {
     (void)state;
     equivalence(false, 16);
+    /* bf16 gradients on the wire: the losses stay within a percent */
+    const char *job = th_path("eq-mlp.json");
+    th_proc p = start_run("eq-mlp-bf16", job, th_path("eq-mlp-bf16"), "parallel.wire_dtype=\"bf16\"",
+                          "parallel.workers=2", "parallel.servers=1", NULL);
+    finish_run(&p, 120000);
+    same_losses(th_path("eq-mlp-bf16"), th_path("eq-mlp-local-2"), 30, 1e-2);
 }
 
 static void test_equivalence_gpt(void **state) {
@@ -298,6 +305,27 @@ static void test_kill_primary(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* A sync job stopped at step 40 and resumed with --resume goes on from the
+ * shards' checkpoints (parameters, optimizer state, data position, step)
+ * with the losses of a run that never stopped. */
+static void test_resume(void **state) {
+    (void)state;
+    const char *job = job_file("resume", false, 80, 32, "\"strategy\": \"ps\", \"workers\": 2, \"servers\": 2");
+    const char *run = th_path("run-resume");
+    th_proc first = start_run("resume-1", job, run, "steps=40", "schedule.kind=\"constant\"", NULL);
+    finish_run(&first, 120000);
+    const char *argv[] = {"tessera-run", job, "--run-dir", run, "--resume", "--set", "schedule.kind=\"constant\"",
+                          NULL};
+    th_proc second = th_start("resume-2", argv);
+    finish_run(&second, 120000);
+    th_expect_output(&second, "restored from its checkpoint of step 40", 0);
+    th_expect_output(&second, "resumed at step 40", 0);
+    th_proc whole = start_run("resume-whole", job, th_path("run-whole"), "schedule.kind=\"constant\"", NULL);
+    finish_run(&whole, 120000);
+    same_losses(run, th_path("run-whole"), 80, 0);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 int main(int argc, char **argv) {
     th_init();
     setenv("TESSERA_NUM_THREADS", "1", 1);
@@ -305,7 +333,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_equivalence_mlp), cmocka_unit_test(test_equivalence_gpt),
         cmocka_unit_test(test_async_bounded),   cmocka_unit_test(test_join),
         cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_kill_shard),
-        cmocka_unit_test(test_kill_primary),
+        cmocka_unit_test(test_kill_primary),    cmocka_unit_test(test_resume),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
