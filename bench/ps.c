@@ -1,0 +1,313 @@
+/* ps.c - bench_ps: push + pull of a whole model through S parameter-server
+ * shards, against raw ZeroMQ moving the same bytes in the same messages.
+ *
+ * For each S: the raw run starts S echo processes (a CURVE ROUTER each,
+ * like a shard's) and times rounds in which one DEALER per echo sends it
+ * its 1/S of the model's bytes and gets as many back; the ps run starts a
+ * real tessera-scheduler and S tessera-ps processes on a job whose model
+ * has about --numel floats (an MLP, SGD without momentum), joins as the
+ * job's one worker and times rounds of the worker's step conversation
+ * (ps_client.h): push every gradient, commit, apply, pull every parameter.
+ * Useful value bytes per round: the model's gradients and parameters, 2 x
+ * numel x 4. Each figure is the median of --reps rounds after 2 warm-up
+ * rounds; raw and ps rounds interleave so load hits both alike. Output: a
+ * table per S (ms per round, GB/s of values, ps / raw) on stdout.
+ *
+ * usage: bench_ps [--numel N] [--shards 1,2,4] [--reps R]
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "kernels/nn/models.h"
+#include "kernels/threads.h"
+#include "membership/member.h"
+#include "proto/job_model.h"
+#include "proto/secure.h"
+#include "worker/ps_client.h"
+
+enum { MAX_SHARDS = 16 };
+
+static char bin_dir[PATH_MAX], tmp_dir[64], key_path[PATH_MAX];
+
+/* ---- processes ---- */
+
+/* Starts bin_dir/prog with args (NULL-terminated); its stdout comes back
+ * through *out when out is not NULL. Returns the pid. */
+static pid_t spawn(const char *prog, char *const *args, FILE **out) {
+    int fd[2] = {-1, -1};
+    if (out && pipe(fd) != 0) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(out ? fd[1] : null, STDOUT_FILENO);
+        dup2(null, STDERR_FILENO);
+        if (out) close(fd[0]), close(fd[1]);
+        char path[PATH_MAX + 64];
+        snprintf(path, sizeof path, "%s/%s", bin_dir, prog);
+        execv(path, args);
+        _exit(127);
+    }
+    if (out) {
+        close(fd[1]);
+        *out = fdopen(fd[0], "r");
+    }
+    return pid;
+}
+
+static void stop(pid_t pid) {
+    if (pid <= 0) return;
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
+/* ---- raw ZeroMQ ---- */
+
+static void no_free(void *data, void *hint) { (void)data, (void)hint; }
+
+/* An echo server: answers every message with as many bytes; writes its
+ * endpoint to fd, then serves until killed. */
+static void echo_main(int fd) {
+    ts_secure_keys keys;
+    void *ctx = zmq_ctx_new();
+    if (ts_secure_load(key_path, &keys) || !ts_secure_zap_start(ctx, &keys)) _exit(1);
+    void *s = zmq_socket(ctx, ZMQ_ROUTER);
+    char ep[256];
+    size_t len = sizeof ep;
+    if (ts_secure_server(s, &keys) || zmq_bind(s, "tcp://127.0.0.1:0") ||
+        zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, ep, &len))
+        _exit(1);
+    if (write(fd, ep, strlen(ep) + 1) < 0) _exit(1);
+    void *reply = NULL;
+    size_t reply_size = 0;
+    for (;;) {
+        zmq_msg_t id, body;
+        zmq_msg_init(&id);
+        zmq_msg_init(&body);
+        if (zmq_msg_recv(&id, s, 0) < 0 || zmq_msg_recv(&body, s, 0) < 0) _exit(1);
+        size_t n = zmq_msg_size(&body);
+        if (n > reply_size && !(reply = realloc(reply, reply_size = n))) _exit(1);
+        zmq_msg_t out;
+        zmq_msg_init_data(&out, reply, n, no_free, NULL);
+        zmq_msg_send(&id, s, ZMQ_SNDMORE);
+        zmq_msg_send(&out, s, 0);
+        zmq_msg_close(&body);
+    }
+}
+
+typedef struct {
+    pid_t pid[MAX_SHARDS];
+    void *ctx, *sock[MAX_SHARDS];
+    int n;
+    size_t bytes; /* per echo and direction */
+    void *buf;
+} raw_run;
+
+static int raw_start(raw_run *r, int n, size_t bytes) {
+    ts_secure_keys keys;
+    memset(r, 0, sizeof *r);
+    r->n = n;
+    r->bytes = bytes;
+    r->ctx = zmq_ctx_new();
+    r->buf = calloc(1, bytes);
+    if (ts_secure_load(key_path, &keys) || !r->buf) return 1;
+    for (int i = 0; i < n; i++) {
+        int fd[2];
+        if (pipe(fd)) return 1;
+        if ((r->pid[i] = fork()) == 0) {
+            close(fd[0]);
+            echo_main(fd[1]);
+        }
+        close(fd[1]);
+        char ep[256] = "";
+        if (read(fd[0], ep, sizeof ep) <= 0) return 1;
+        close(fd[0]);
+        r->sock[i] = zmq_socket(r->ctx, ZMQ_DEALER);
+        if (ts_secure_client(r->sock[i], &keys) || zmq_connect(r->sock[i], ep)) return 1;
+    }
+    return 0;
+}
+
+/* One round: bytes to every echo and back; ms. */
+static double raw_round(raw_run *r) {
+    double t0 = bench_now_ms();
+    for (int i = 0; i < r->n; i++) {
+        zmq_msg_t m;
+        zmq_msg_init_data(&m, r->buf, r->bytes, no_free, NULL);
+        zmq_msg_send(&m, r->sock[i], 0);
+    }
+    for (int i = 0; i < r->n; i++) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        zmq_msg_recv(&m, r->sock[i], 0);
+        zmq_msg_close(&m);
+    }
+    return bench_now_ms() - t0;
+}
+
+static void raw_stop(raw_run *r) {
+    for (int i = 0; i < r->n; i++) {
+        zmq_close(r->sock[i]);
+        kill(r->pid[i], SIGKILL);
+        waitpid(r->pid[i], NULL, 0);
+    }
+    zmq_ctx_term(r->ctx);
+    free(r->buf);
+}
+
+/* ---- the parameter servers ---- */
+
+typedef struct {
+    pid_t sched, ps[MAX_SHARDS];
+    int n;
+    ts_job job;
+    ts_model *model;
+    ts_member *member;
+    ts_ps_client *c;
+    int64_t step;
+} ps_run;
+
+static int ps_start(ps_run *r, int shards, int64_t hidden, const char *job_path) {
+    memset(r, 0, sizeof *r);
+    r->n = shards;
+    char text[1024], sets[2][64];
+    snprintf(sets[0], sizeof sets[0], "parallel.servers=%d", shards);
+    snprintf(sets[1], sizeof sets[1], "model.hidden=[%lld]", (long long)hidden);
+    const char *const set_list[] = {sets[0], sets[1]};
+    if (ts_job_load(job_path, set_list, 2, &r->job)) return fprintf(stderr, "bench_ps: %s\n", ts_last_error()), 1;
+    char servers[32];
+    snprintf(servers, sizeof servers, "--servers=%d", shards);
+    char *sargs[] = {"tessera-scheduler", "--bind", "tcp://127.0.0.1:0", "--job", r->job.name, "--key-file", key_path,
+                     "--min-workers=1", servers, "--heartbeat-ms=200", "--heartbeat-timeout-ms=5000", NULL};
+    FILE *out = NULL;
+    r->sched = spawn("tessera-scheduler", sargs, &out);
+    char addr[256] = "";
+    while (out && fgets(text, sizeof text, out))
+        if (sscanf(text, "listening %255s", addr) == 1) break;
+    if (!addr[0]) return fprintf(stderr, "bench_ps: the scheduler did not start\n"), 1;
+    for (int i = 0; i < shards; i++) {
+        char *pargs[] = {"tessera-ps", "--scheduler", addr, "--key-file", key_path, "--job", (char *)job_path,
+                         "--set", sets[0], "--set", sets[1], NULL};
+        r->ps[i] = spawn("tessera-ps", pargs, NULL);
+    }
+    ts_member_options opt = {.scheduler = addr, .job = r->job.name, .key_file = key_path, .role = TS_ROLE_WORKER,
+                             .caps = "bench", .prev_rank = -1, .timeout_ms = 30000};
+    ts_model_spec spec;
+    if (ts_member_join(&opt, &r->member) || ts_job_model_spec(&r->job, &spec) ||
+        !(r->model = ts_model_build(&spec, 0, -1, ts_key_from_seed(1), TS_F32)))
+        return fprintf(stderr, "bench_ps: %s\n", ts_last_error()), 1;
+    ts_model *m = r->model;
+    ts_range *t = malloc((size_t)m->n_params * sizeof *t);
+    for (int i = 0; t && i < m->n_params; i++) t[i] = (ts_range){m->params[i].offset, m->params[i].numel};
+    ts_ps_client_config cfg = {.job = &r->job, .member = r->member, .key_file = key_path, .tensors = t,
+                               .n_tensors = m->n_params, .numel = m->numel, .params = ts_f32(m->flat_params),
+                               .grads = ts_f32(m->flat_grads)};
+    r->c = t ? ts_ps_client_create(&cfg) : NULL;
+    free(t);
+    if (!r->c) return fprintf(stderr, "bench_ps: %s\n", ts_last_error()), 1;
+    return 0;
+}
+
+/* One step's conversation: push all, commit, apply, pull all; ms. */
+static double ps_round(ps_run *r) {
+    double t0 = bench_now_ms();
+    uint64_t g;
+    int index, workers;
+    ts_ps_client_workers(r->c, &g, &index, &workers);
+    r->step++;
+    ts_ps_client_begin(r->c, r->step, g);
+    double v[TS_COMMIT_VALUES] = {1, 1, 0, 0, 0, 0}, out[TS_DECIDED_VALUES];
+    int64_t step;
+    ts_loader_pos pos;
+    if (ts_ps_client_ready(r->c, 0, r->model->numel) || ts_ps_client_commit(r->c, v, true, out) ||
+        ts_ps_client_apply(r->c, out[TS_DECIDED_SQ_NORM]) || ts_ps_client_pull(r->c, r->step) ||
+        ts_ps_client_pull_wait(r->c, &step, &pos)) {
+        fprintf(stderr, "bench_ps: step %lld: %s\n", (long long)r->step, ts_last_error());
+        exit(1);
+    }
+    return bench_now_ms() - t0;
+}
+
+static void ps_stop(ps_run *r) {
+    ts_ps_client_free(r->c);
+    ts_member_leave(r->member, "benchmark done");
+    stop(r->sched);
+    for (int i = 0; i < r->n; i++) stop(r->ps[i]);
+    ts_model_free(r->model);
+}
+
+int main(int argc, char **argv) {
+    ts_threads_passive(argv);
+    int64_t numel = 10000000;
+    int reps = 9, shards[8] = {1, 2, 4}, nshards = 3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--numel") && i + 1 < argc) {
+            numel = atoll(argv[++i]);
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--shards") && i + 1 < argc) {
+            nshards = 0;
+            for (char *s = strtok(argv[++i], ","); s && nshards < 8; s = strtok(NULL, ",")) shards[nshards++] = atoi(s);
+        } else {
+            fprintf(stderr, "usage: bench_ps [--numel N] [--shards 1,2,4] [--reps R]\n");
+            return 2;
+        }
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return 1;
+    exe[n] = '\0';
+    snprintf(bin_dir, sizeof bin_dir, "%.*s", (int)(strrchr(exe, '/') - exe), exe);
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/bench-ps-XXXXXX");
+    if (!mkdtemp(tmp_dir)) return 1;
+    snprintf(key_path, sizeof key_path, "%s/job.key", tmp_dir);
+    if (ts_secure_keygen(key_path, NULL)) return fprintf(stderr, "bench_ps: %s\n", ts_last_error()), 1;
+    /* an MLP 784-H-10 of about numel parameters: 795 H + 10 */
+    int64_t hidden = (numel - 10) / 795;
+    char job_path[PATH_MAX + 16];
+    snprintf(job_path, sizeof job_path, "%s/job.json", tmp_dir);
+    FILE *f = fopen(job_path, "w");
+    if (!f) return 1;
+    fprintf(f, "{\"name\": \"bench-ps\", \"model\": {\"arch\": \"mlp\", \"hidden\": [%lld]},\n"
+               " \"optimizer\": {\"kind\": \"sgd\", \"lr\": 0.0},\n"
+               " \"parallel\": {\"strategy\": \"ps\", \"workers\": 1, \"servers\": 1, \"heartbeat_ms\": 200, "
+               "\"heartbeat_timeout_ms\": 5000}}\n", (long long)hidden);
+    fclose(f);
+    int64_t keys = 784 * hidden + hidden + hidden * 10 + 10;
+    double gb = 2.0 * (double)keys * 4 / 1e9;
+    printf("push + pull of %lld floats (%.1f MB each way) over loopback, CURVE on both; median of %d rounds\n",
+           (long long)keys, (double)keys * 4 / 1e6, reps);
+    printf("%6s  %10s %10s  %10s %10s  %8s\n", "shards", "raw ms", "raw GB/s", "ps ms", "ps GB/s", "ps/raw");
+    for (int k = 0; k < nshards; k++) {
+        int s = shards[k];
+        raw_run raw;
+        ps_run ps;
+        if (s < 1 || s > MAX_SHARDS || raw_start(&raw, s, (size_t)keys * 4 / (size_t)s) ||
+            ps_start(&ps, s, hidden, job_path))
+            return fprintf(stderr, "bench_ps: cannot start %d shards\n", s), 1;
+        double *tr = calloc((size_t)reps, sizeof *tr), *tp = calloc((size_t)reps, sizeof *tp);
+        for (int i = -2; i < reps; i++) {
+            double a = raw_round(&raw), b = ps_round(&ps);
+            if (i >= 0) tr[i] = a, tp[i] = b;
+        }
+        double mr = bench_upper_median(tr, (size_t)reps), mp = bench_upper_median(tp, (size_t)reps);
+        printf("%6d  %10.1f %10.3f  %10.1f %10.3f  %8.2f\n", s, mr, gb / (mr / 1e3), mp, gb / (mp / 1e3),
+               (gb / (mp / 1e3)) / (gb / (mr / 1e3)));
+        fflush(stdout);
+        free(tr);
+        free(tp);
+        raw_stop(&raw);
+        ps_stop(&ps);
+    }
+    unlink(key_path);
+    unlink(job_path);
+    rmdir(tmp_dir);
+    return 0;
+}
