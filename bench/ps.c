@@ -13,7 +13,14 @@
  * rounds; raw and ps rounds interleave so load hits both alike. Output: a
  * table per S (ms per round, GB/s of values, ps / raw) on stdout.
  *
- * usage: bench_ps [--numel N] [--shards 1,2,4] [--reps R]
+ * With --netsim NAME (run it on node n0 of that virtual cluster: tessera-
+ * netsim --name NAME exec n0 build/bin/bench_ps --netsim NAME) the
+ * scheduler and this worker stay on n0 and echo k and shard k run on node
+ * 1 + k mod (N - 1), each bound to its node's address, so every byte
+ * crosses n0's link; the table then also gives the bound that link sets.
+ *
+ * usage: bench_ps [--numel N] [--shards 1,2,4] [--reps R] [--netsim NAME]
+ *        bench_ps --echo KEY_FILE ADDRESS   (one echo server; used by the above)
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +35,7 @@
 #include "bench_util.h"
 #include "kernels/nn/models.h"
 #include "kernels/threads.h"
+#include "launch/netsim.h"
 #include "membership/member.h"
 #include "proto/job_model.h"
 #include "proto/secure.h"
@@ -36,12 +44,18 @@
 enum { MAX_SHARDS = 16 };
 
 static char bin_dir[PATH_MAX], tmp_dir[64], key_path[PATH_MAX];
+static ts_netsim *netsim; /* the virtual cluster, or NULL: this machine */
 
 /* ---- processes ---- */
 
-/* Starts bin_dir/prog with args (NULL-terminated); its stdout comes back
+/* The address processes of node `node` bind: its own on the virtual
+ * cluster, else loopback. */
+static const char *node_addr(int node) { return netsim ? netsim->addr[node] : "127.0.0.1"; }
+
+/* Starts bin_dir/prog with args (NULL-terminated) on node (through
+ * tessera-netsim exec on the virtual cluster); its stdout comes back
  * through *out when out is not NULL. Returns the pid. */
-static pid_t spawn(const char *prog, char *const *args, FILE **out) {
+static pid_t spawn(int node, const char *prog, char *const *args, FILE **out) {
     int fd[2] = {-1, -1};
     if (out && pipe(fd) != 0) return -1;
     pid_t pid = fork();
@@ -50,9 +64,17 @@ static pid_t spawn(const char *prog, char *const *args, FILE **out) {
         dup2(out ? fd[1] : null, STDOUT_FILENO);
         dup2(null, STDERR_FILENO);
         if (out) close(fd[0]), close(fd[1]);
-        char path[PATH_MAX + 64];
+        char path[PATH_MAX + 64], ns[PATH_MAX + 64], where[16];
         snprintf(path, sizeof path, "%s/%s", bin_dir, prog);
-        execv(path, args);
+        if (!netsim) {
+            execv(path, args);
+            _exit(127);
+        }
+        char *argv[64] = {"tessera-netsim", "--name", netsim->name, "exec", where, path};
+        snprintf(ns, sizeof ns, "%s/tessera-netsim", bin_dir);
+        snprintf(where, sizeof where, "n%d", node);
+        for (int i = 1; args[i - 1] && i < 58; i++) argv[5 + i] = args[i];
+        execv(ns, argv);
         _exit(127);
     }
     if (out) {
@@ -72,28 +94,29 @@ static void stop(pid_t pid) {
 
 static void no_free(void *data, void *hint) { (void)data, (void)hint; }
 
-/* An echo server: answers every message with as many bytes; writes its
- * endpoint to fd, then serves until killed. */
-static void echo_main(int fd) {
+/* bench_ps --echo KEY ADDRESS: a CURVE ROUTER bound at ADDRESS that
+ * answers every message with as many bytes; prints its endpoint, then
+ * serves until killed. */
+static int echo_main(const char *key, const char *address) {
     ts_secure_keys keys;
     void *ctx = zmq_ctx_new();
-    if (ts_secure_load(key_path, &keys) || !ts_secure_zap_start(ctx, &keys)) _exit(1);
+    if (ts_secure_load(key, &keys) || !ts_secure_zap_start(ctx, &keys)) return 1;
     void *s = zmq_socket(ctx, ZMQ_ROUTER);
-    char ep[256];
+    char ep[256], bind[300];
     size_t len = sizeof ep;
-    if (ts_secure_server(s, &keys) || zmq_bind(s, "tcp://127.0.0.1:0") ||
-        zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, ep, &len))
-        _exit(1);
-    if (write(fd, ep, strlen(ep) + 1) < 0) _exit(1);
+    snprintf(bind, sizeof bind, "tcp://%s:0", address);
+    if (ts_secure_server(s, &keys) || zmq_bind(s, bind) || zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, ep, &len)) return 1;
+    printf("listening %s\n", ep);
+    fflush(stdout);
     void *reply = NULL;
     size_t reply_size = 0;
     for (;;) {
         zmq_msg_t id, body;
         zmq_msg_init(&id);
         zmq_msg_init(&body);
-        if (zmq_msg_recv(&id, s, 0) < 0 || zmq_msg_recv(&body, s, 0) < 0) _exit(1);
+        if (zmq_msg_recv(&id, s, 0) < 0 || zmq_msg_recv(&body, s, 0) < 0) return 1;
         size_t n = zmq_msg_size(&body);
-        if (n > reply_size && !(reply = realloc(reply, reply_size = n))) _exit(1);
+        if (n > reply_size && !(reply = realloc(reply, reply_size = n))) return 1;
         zmq_msg_t out;
         zmq_msg_init_data(&out, reply, n, no_free, NULL);
         zmq_msg_send(&id, s, ZMQ_SNDMORE);
@@ -119,16 +142,15 @@ static int raw_start(raw_run *r, int n, size_t bytes) {
     r->buf = calloc(1, bytes);
     if (ts_secure_load(key_path, &keys) || !r->buf) return 1;
     for (int i = 0; i < n; i++) {
-        int fd[2];
-        if (pipe(fd)) return 1;
-        if ((r->pid[i] = fork()) == 0) {
-            close(fd[0]);
-            echo_main(fd[1]);
-        }
-        close(fd[1]);
-        char ep[256] = "";
-        if (read(fd[0], ep, sizeof ep) <= 0) return 1;
-        close(fd[0]);
+        int node = netsim ? 1 + i % (netsim->n - 1) : 0;
+        char *args[] = {"bench_ps", "--echo", key_path, (char *)node_addr(node), NULL};
+        FILE *out = NULL;
+        r->pid[i] = spawn(node, "bench_ps", args, &out);
+        char line[300], ep[256] = "";
+        while (out && fgets(line, sizeof line, out))
+            if (sscanf(line, "listening %255s", ep) == 1) break;
+        if (out) fclose(out);
+        if (!ep[0]) return 1;
         r->sock[i] = zmq_socket(r->ctx, ZMQ_DEALER);
         if (ts_secure_client(r->sock[i], &keys) || zmq_connect(r->sock[i], ep)) return 1;
     }
@@ -155,8 +177,7 @@ static double raw_round(raw_run *r) {
 static void raw_stop(raw_run *r) {
     for (int i = 0; i < r->n; i++) {
         zmq_close(r->sock[i]);
-        kill(r->pid[i], SIGKILL);
-        waitpid(r->pid[i], NULL, 0);
+        stop(r->pid[i]);
     }
     zmq_ctx_term(r->ctx);
     free(r->buf);
@@ -184,18 +205,23 @@ static int ps_start(ps_run *r, int shards, int64_t hidden, const char *job_path)
     if (ts_job_load(job_path, set_list, 2, &r->job)) return fprintf(stderr, "bench_ps: %s\n", ts_last_error()), 1;
     char servers[32];
     snprintf(servers, sizeof servers, "--servers=%d", shards);
-    char *sargs[] = {"tessera-scheduler", "--bind", "tcp://127.0.0.1:0", "--job", r->job.name, "--key-file", key_path,
+    char bind[64];
+    snprintf(bind, sizeof bind, "tcp://%s:0", node_addr(0));
+    char *sargs[] = {"tessera-scheduler", "--bind", bind, "--job", r->job.name, "--key-file", key_path,
                      "--min-workers=1", servers, "--heartbeat-ms=200", "--heartbeat-timeout-ms=5000", NULL};
     FILE *out = NULL;
-    r->sched = spawn("tessera-scheduler", sargs, &out);
+    r->sched = spawn(0, "tessera-scheduler", sargs, &out);
     char addr[256] = "";
     while (out && fgets(text, sizeof text, out))
         if (sscanf(text, "listening %255s", addr) == 1) break;
     if (!addr[0]) return fprintf(stderr, "bench_ps: the scheduler did not start\n"), 1;
     for (int i = 0; i < shards; i++) {
+        int node = netsim ? 1 + i % (netsim->n - 1) : 0;
+        char at[64];
+        snprintf(at, sizeof at, "parallel.bind=%s", node_addr(node));
         char *pargs[] = {"tessera-ps", "--scheduler", addr, "--key-file", key_path, "--job", (char *)job_path,
-                         "--set", sets[0], "--set", sets[1], NULL};
-        r->ps[i] = spawn("tessera-ps", pargs, NULL);
+                         "--set", sets[0], "--set", sets[1], "--set", at, NULL};
+        r->ps[i] = spawn(node, "tessera-ps", pargs, NULL);
     }
     ts_member_options opt = {.scheduler = addr, .job = r->job.name, .key_file = key_path, .role = TS_ROLE_WORKER,
                              .caps = "bench", .prev_rank = -1, .timeout_ms = 30000};
@@ -245,6 +271,7 @@ static void ps_stop(ps_run *r) {
 
 int main(int argc, char **argv) {
     ts_threads_passive(argv);
+    if (argc == 4 && !strcmp(argv[1], "--echo")) return echo_main(argv[2], argv[3]);
     int64_t numel = 10000000;
     int reps = 9, shards[8] = {1, 2, 4}, nshards = 3;
     for (int i = 1; i < argc; i++) {
@@ -252,11 +279,17 @@ int main(int argc, char **argv) {
             numel = atoll(argv[++i]);
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--netsim") && i + 1 < argc) {
+            static ts_netsim ns;
+            ts_job_ints none = {0};
+            if (ts_netsim_load(argv[++i], &none, &ns)) return fprintf(stderr, "bench_ps: %s\n", ts_last_error()), 1;
+            if (ns.n < 2) return fprintf(stderr, "bench_ps: the virtual cluster needs 2 nodes or more\n"), 1;
+            netsim = &ns;
         } else if (!strcmp(argv[i], "--shards") && i + 1 < argc) {
             nshards = 0;
             for (char *s = strtok(argv[++i], ","); s && nshards < 8; s = strtok(NULL, ",")) shards[nshards++] = atoi(s);
         } else {
-            fprintf(stderr, "usage: bench_ps [--numel N] [--shards 1,2,4] [--reps R]\n");
+            fprintf(stderr, "usage: bench_ps [--numel N] [--shards 1,2,4] [--reps R] [--netsim NAME]\n");
             return 2;
         }
     }
@@ -282,8 +315,13 @@ int main(int argc, char **argv) {
     fclose(f);
     int64_t keys = 784 * hidden + hidden + hidden * 10 + 10;
     double gb = 2.0 * (double)keys * 4 / 1e9;
-    printf("push + pull of %lld floats (%.1f MB each way) over loopback, CURVE on both; median of %d rounds\n",
-           (long long)keys, (double)keys * 4 / 1e6, reps);
+    if (netsim)
+        printf("push + pull of %lld floats (%.1f MB each way) from n0 to shards on %d other nodes of virtual cluster "
+               "%s, CURVE on both; median of %d rounds\n", (long long)keys, (double)keys * 4 / 1e6, netsim->n - 1,
+               netsim->name, reps);
+    else
+        printf("push + pull of %lld floats (%.1f MB each way) over loopback, CURVE on both; median of %d rounds\n",
+               (long long)keys, (double)keys * 4 / 1e6, reps);
     printf("%6s  %10s %10s  %10s %10s  %8s\n", "shards", "raw ms", "raw GB/s", "ps ms", "ps GB/s", "ps/raw");
     for (int k = 0; k < nshards; k++) {
         int s = shards[k];
