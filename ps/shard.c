@@ -136,13 +136,11 @@ static void refuse(ts_shard *s, const ts_proto_identity *to, const ts_proto_msg 
     answer_error(s, to, code, s->step, s->wset_gen, why);
 }
 
-/* An ACK of request m (its step and ranges). */
-static void ack(ts_shard *s, const ts_proto_identity *to, const ts_proto_msg *m, int64_t step) {
+/* An ACK of a rollback: the step the shard is at. */
+static void ack(ts_shard *s, const ts_proto_identity *to, int64_t step) {
     ts_proto_msg a;
     msg_init(s, &a, TS_MSG_ACK, step);
-    if (m->nranges) ts_proto_msg_set_ranges(&a, m->ranges, m->nranges);
     send(s, to, &a, NULL, 0);
-    ts_proto_msg_free(&a);
 }
 
 /* Sends n f64 values as a message of type t. */
@@ -312,6 +310,8 @@ static ts_status stage(ts_shard *s, shard_worker *w, const ts_proto_msg *m) {
     return TS_OK;
 }
 
+/* Stages a push. It is answered only when refused: the reply to the
+ * step's COMMIT acknowledges its pushes. */
 static void on_push(ts_shard *s, const ts_proto_identity *from, const ts_proto_msg *m) {
     if (m->dtype != TS_PROTO_DT_F32 && m->dtype != TS_PROTO_DT_BF16) {
         refuse(s, from, m, TS_PROTO_E_FIELD_VALUE, "gradients must be f32 or bf16 (dtype %u)", (unsigned)m->dtype);
@@ -321,28 +321,16 @@ static void on_push(ts_shard *s, const ts_proto_identity *from, const ts_proto_m
     if (!check_ranges(s, from, m, true) || !(w = live_sender(s, from, m))) return;
     if (s->mode == TS_CONSISTENCY_SYNC) {
         if (stale_workers(s, from, m) || behind(s, from, m, s->step + 1)) return;
-        if (m->step <= s->step) { /* a repeat of an applied step */
-            ack(s, from, m, m->step);
-            return;
-        }
-        if (s->decided && m->generation <= s->decided_gen) { /* a repeat of the decided step */
-            ack(s, from, m, m->step);
-            return;
-        }
+        if (m->step <= s->step) return;                                 /* a repeat of an applied step */
+        if (s->decided && m->generation <= s->decided_gen) return;      /* ... or of the decided one */
         if (s->decided) { /* the workers redo the decided step in a new generation */
             shard_clear_stagings(s);
             serve_pulls(s);
         }
     } else if (m->step <= w->done) {
-        ack(s, from, m, m->step);
         return;
     }
-    ts_status st = stage(s, w, m);
-    if (st) {
-        refuse(s, from, m, TS_PROTO_E_INTERNAL, "%s", ts_last_error());
-        return;
-    }
-    ack(s, from, m, m->step);
+    if (stage(s, w, m)) refuse(s, from, m, TS_PROTO_E_INTERNAL, "%s", ts_last_error());
 }
 
 /* ---- pulls ---- */
@@ -669,7 +657,7 @@ static void on_reduce(ts_shard *s, const ts_proto_identity *from, const ts_proto
 static void on_rollback(ts_shard *s, const ts_proto_identity *from, const ts_proto_msg *m) {
     if (!live_sender(s, from, m)) return;
     if (m->step >= s->step) { /* there already, or it cannot go forward: say where it is */
-        ack(s, from, m, s->step);
+        ack(s, from, s->step);
         return;
     }
     bool found = false;
@@ -687,7 +675,7 @@ static void on_rollback(ts_shard *s, const ts_proto_identity *from, const ts_pro
     /* waiting pulls belong to the steps undone: their workers pull again */
     for (int i = 0; i < s->npulls; i++) free(s->pulls[i].ranges);
     s->npulls = 0;
-    ack(s, from, m, s->step);
+    ack(s, from, s->step);
 }
 
 /* ---- dispatch ---- */

@@ -10,7 +10,8 @@
  * the same sequence with replies off and so holds the same bits.
  *
  * Requests (ps/README.md has the conversation):
- *   PUSH      stages a worker's gradient for ranges of step "s"
+ *   PUSH      stages a worker's gradient for ranges of step "s" (answered
+ *             only when refused: the COMMIT's reply covers the pushes)
  *   COMMIT    the worker's pushes of step "s" are complete (f64 values:
  *             loss sum, samples, its own squared gradient norm, lr, data
  *             epoch and offset after the step)

@@ -279,7 +279,7 @@ static void handle(ts_ps_client *c, int k, const ts_proto_msg *m) {
     shard_link *l = &c->s[k];
     switch (m->type) {
     case TS_MSG_ACK:
-        if (l->rollback_sent && !l->rollback_done && !m->nranges) {
+        if (l->rollback_sent && !l->rollback_done) {
             l->rollback_at = m->step;
             l->rollback_done = true;
         }
