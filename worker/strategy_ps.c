@@ -51,13 +51,13 @@ typedef struct {
 } ps_strategy;
 
 /* Takes the live workers of the client's roster as this worker's group;
- * says so when their number changed. */
+ * the (new) leader says so when their number changed. */
 static void take_group(ps_strategy *d) {
     uint64_t g;
     int index, workers;
     ts_ps_client_workers(d->c, &g, &index, &workers);
     ts_group *gr = &d->base.group;
-    if (gr->world && workers != gr->world && d->base.group.leader)
+    if (gr->world && workers != gr->world && index == 0)
         printf("generation %llu: world size %d -> %d workers\n", (unsigned long long)g, gr->world, workers);
     *gr = (ts_group){.rank = index < 0 ? 0 : index, .world = workers > 0 ? workers : 1, .generation = g,
                      .leader = index == 0};

@@ -425,6 +425,12 @@ ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop) {
         int64_t before = t->step;
         st = ts_trainer_step(t, &s);
         if (st || t->step == before) break; /* failed, or the job ended at begin_step */
+        /* a worker that became the group's leader (the old one left) takes over the metrics */
+        if (t->strategy->group.leader && !t->metrics && t->run_dir[0] &&
+            !(t->metrics = ts_metrics_open(t->run_dir, t->step))) {
+            st = ts_last_status();
+            break;
+        }
         if (t->strategy->group.leader && (t->step % tr->log_every == 0 || t->step == t->total_steps))
             ts_metrics_step(t->metrics, &s, t->total_steps);
         if (tr->eval_every && t->step % tr->eval_every == 0 && t->step < t->total_steps) st = run_eval(t, false);

@@ -241,20 +241,24 @@ static void test_join(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
-/* kill -9 of a worker: declared dead, the quorum shrinks, the step in
- * flight is computed again by the others, the job finishes. */
+/* kill -9 of a worker (the leader): declared dead, the quorum shrinks, the
+ * step in flight is computed again by the others, the next worker leads
+ * (log, metrics, checkpoints) and the job finishes. */
 static void test_kill_worker(void **state) {
     (void)state;
     const char *job = elastic_job("killw", "\"workers\": 3, \"min_workers\": 2");
     const char *run = th_path("run-killw");
     th_proc p = start_run("killw", job, run, NULL);
     th_expect_output(&p, "step 40/240", 30000);
-    pid_t victim = pid_of(&p, "worker", 4); /* not the leader (rank 2) */
+    pid_t victim = pid_of(&p, "worker", 2); /* the leader */
     assert_true(victim > 0);
     kill(victim, SIGKILL);
-    th_expect_output(&p, "world size 3 -> 2 workers", 20000);
+    th_expect_output(&p, "[worker 3] generation 2: world size 3 -> 2 workers", 20000);
     finish_run(&p, 120000);
-    th_expect_output(&p, "worker 4 exited with signal 9, restart budget 0 used up; the job goes on with 2 workers", 0);
+    th_expect_output(&p, "worker 2 exited with signal 9, restart budget 0 used up; the job goes on with 2 workers", 0);
+    th_expect_output(&p, "[worker 3] step 240/240", 0);
+    double loss[MAX_STEPS];
+    assert_int_equal(read_losses(run, loss), 240); /* the metrics go on to the end */
     expect_accuracy(run, 240);
     assert_int_equal(th_leftovers(), 0);
 }
