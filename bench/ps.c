@@ -3,7 +3,8 @@
  *
  * For each S: the raw run starts S echo processes (a CURVE ROUTER each,
  * like a shard's) and times rounds in which one DEALER per echo sends it
- * its 1/S of the model's bytes and gets as many back; the ps run starts a
+ * its 1/S of the model's bytes and gets as many back, in 1 MiB frames as
+ * the ps client sends ranges; the ps run starts a
  * real tessera-scheduler and S tessera-ps processes on a job whose model
  * has about --numel floats (an MLP, SGD without momentum), joins as the
  * job's one worker and times rounds of the worker's step conversation
@@ -42,6 +43,8 @@
 #include "worker/ps_client.h"
 
 enum { MAX_SHARDS = 16 };
+/* The frame size of both runs: the ps client's (ps_client.c, PS_FRAME_KEYS). */
+#define FRAME_BYTES ((size_t)1 << 20)
 
 static char bin_dir[PATH_MAX], tmp_dir[64], key_path[PATH_MAX];
 static ts_netsim *netsim; /* the virtual cluster, or NULL: this machine */
@@ -108,20 +111,28 @@ static int echo_main(const char *key, const char *address) {
     if (ts_secure_server(s, &keys) || zmq_bind(s, bind) || zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, ep, &len)) return 1;
     printf("listening %s\n", ep);
     fflush(stdout);
-    void *reply = NULL;
-    size_t reply_size = 0;
+    unsigned char *reply = NULL;
+    size_t reply_size = 0, sizes[4096];
     for (;;) {
-        zmq_msg_t id, body;
+        zmq_msg_t id, part;
         zmq_msg_init(&id);
-        zmq_msg_init(&body);
-        if (zmq_msg_recv(&id, s, 0) < 0 || zmq_msg_recv(&body, s, 0) < 0) return 1;
-        size_t n = zmq_msg_size(&body);
-        if (n > reply_size && !(reply = realloc(reply, reply_size = n))) return 1;
-        zmq_msg_t out;
-        zmq_msg_init_data(&out, reply, n, no_free, NULL);
+        if (zmq_msg_recv(&id, s, 0) < 0) return 1;
+        size_t n = 0, total = 0;
+        for (int more = 1; more && n < 4096; n++) { /* the frames of one message */
+            zmq_msg_init(&part);
+            if (zmq_msg_recv(&part, s, 0) < 0) return 1;
+            sizes[n] = zmq_msg_size(&part);
+            total += sizes[n];
+            more = zmq_msg_more(&part);
+            zmq_msg_close(&part);
+        }
+        if (total > reply_size && !(reply = realloc(reply, reply_size = total))) return 1;
         zmq_msg_send(&id, s, ZMQ_SNDMORE);
-        zmq_msg_send(&out, s, 0);
-        zmq_msg_close(&body);
+        for (size_t i = 0, at = 0; i < n; at += sizes[i++]) { /* as many bytes back, in the same frames */
+            zmq_msg_t out;
+            zmq_msg_init_data(&out, reply + at, sizes[i], no_free, NULL);
+            zmq_msg_send(&out, s, i + 1 < n ? ZMQ_SNDMORE : 0);
+        }
     }
 }
 
@@ -139,6 +150,7 @@ static int raw_start(raw_run *r, int n, size_t bytes) {
     r->n = n;
     r->bytes = bytes;
     r->ctx = zmq_ctx_new();
+    zmq_ctx_set(r->ctx, ZMQ_IO_THREADS, n < 4 ? n : 4); /* as the ps client does */
     r->buf = calloc(1, bytes);
     if (ts_secure_load(key_path, &keys) || !r->buf) return 1;
     for (int i = 0; i < n; i++) {
@@ -157,19 +169,26 @@ static int raw_start(raw_run *r, int n, size_t bytes) {
     return 0;
 }
 
-/* One round: bytes to every echo and back; ms. */
+/* One round: bytes to every echo and back, in frames of FRAME_BYTES as
+ * the ps client cuts its ranges; ms. */
 static double raw_round(raw_run *r) {
     double t0 = bench_now_ms();
     for (int i = 0; i < r->n; i++) {
-        zmq_msg_t m;
-        zmq_msg_init_data(&m, r->buf, r->bytes, no_free, NULL);
-        zmq_msg_send(&m, r->sock[i], 0);
+        for (size_t at = 0; at < r->bytes; at += FRAME_BYTES) {
+            size_t n = r->bytes - at < FRAME_BYTES ? r->bytes - at : FRAME_BYTES;
+            zmq_msg_t m;
+            zmq_msg_init_data(&m, (char *)r->buf + at, n, no_free, NULL);
+            zmq_msg_send(&m, r->sock[i], at + n < r->bytes ? ZMQ_SNDMORE : 0);
+        }
     }
     for (int i = 0; i < r->n; i++) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        zmq_msg_recv(&m, r->sock[i], 0);
-        zmq_msg_close(&m);
+        for (int more = 1; more;) {
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            zmq_msg_recv(&m, r->sock[i], 0);
+            more = zmq_msg_more(&m);
+            zmq_msg_close(&m);
+        }
     }
     return bench_now_ms() - t0;
 }

@@ -16,6 +16,10 @@
 /* A shard's ready gradients go out once this many bytes are ready (or all
  * of its keys are). */
 #define PS_PUSH_MIN_BYTES (1 << 20)
+/* Ranges go on the wire as frames of at most this many keys (1 MiB of f32):
+ * CURVE seals each frame on its own, so the sender seals the next frame
+ * while the receiver opens the last one. */
+#define PS_FRAME_KEYS (256 * 1024)
 /* After a "retry" answer the step's messages go again this much later. */
 #define PS_RETRY_MS 5
 /* A wait looks at the membership at least this often. */
@@ -79,6 +83,16 @@ static void no_free(void *data, void *hint) { (void)data, (void)hint; }
 
 /* ---- sending ---- */
 
+/* The frames a range of len keys goes in. */
+static size_t frames_of(int64_t len) { return (size_t)((len + PS_FRAME_KEYS - 1) / PS_FRAME_KEYS); }
+
+/* Appends [off, off + len) to r[*n..] as frames_of(len) ranges of at most
+ * PS_FRAME_KEYS keys. */
+static void cut_frames(ts_proto_range *r, size_t *n, int64_t off, int64_t len) {
+    for (int64_t at = 0; at < len; at += PS_FRAME_KEYS)
+        r[(*n)++] = (ts_proto_range){(uint64_t)(off + at), (uint64_t)(len - at < PS_FRAME_KEYS ? len - at : PS_FRAME_KEYS)};
+}
+
 /* A message of the step from this worker. */
 static void msg_init(ts_ps_client *c, ts_proto_msg *m, ts_proto_type t, int64_t step) {
     ts_proto_msg_init(m, t, c->cfg.job->name, c->msg_gen, c->me);
@@ -127,11 +141,12 @@ static void send_ask(ts_ps_client *c, int k, ts_proto_type t, int64_t step) {
     shard_link *l = &c->s[k];
     if (t == TS_MSG_PULL) {
         m.dtype = TS_PROTO_DT_F32;
-        ts_proto_range r = {(uint64_t)l->off, (uint64_t)l->len};
-        if (ts_proto_msg_set_ranges(&m, &r, 1)) {
+        m.ranges = malloc(frames_of(l->len) * sizeof *m.ranges);
+        if (!m.ranges) {
             l->resend_at = ts_clock_ms() + PS_RETRY_MS;
             return;
         }
+        cut_frames(m.ranges, &m.nranges, l->off, l->len);
     }
     send_to(c, k, &m, NULL, 0);
     ts_proto_msg_free(&m);
@@ -260,15 +275,19 @@ static bool take_values(ts_ps_client *c, int k, const ts_proto_msg *m, double *o
     return true;
 }
 
-/* Writes a pull's answer into the parameters. */
+/* Writes a pull's answer (the shard's keys in the frames asked for) into
+ * the parameters. */
 static void take_pull(ts_ps_client *c, int k, const ts_proto_msg *m) {
     shard_link *l = &c->s[k];
-    if (m->nranges != 1 || m->ranges[0].offset != (uint64_t)l->off || m->ranges[0].len != (uint64_t)l->len ||
-        m->dtype != TS_PROTO_DT_F32 || m->nlengths != 1) {
+    bool ok = m->dtype == TS_PROTO_DT_F32 && m->nranges == frames_of(l->len) && m->nlengths == m->nranges;
+    for (size_t i = 0; ok && i < m->nranges; i++)
+        ok = m->ranges[i].offset == (uint64_t)l->off + i * PS_FRAME_KEYS && m->lengths[i] == m->ranges[i].len * 4;
+    if (!ok) {
         fail(c, k, "a pull answer that is not its keys [%lld, +%lld) in f32", (long long)l->off, (long long)l->len);
         return;
     }
-    memcpy(c->cfg.params + l->off, m->payload[0].data, (size_t)l->len * sizeof(float));
+    for (size_t i = 0; i < m->nranges; i++)
+        memcpy(c->cfg.params + m->ranges[i].offset, m->payload[i].data, m->payload[i].size);
     l->pull_step = m->step;
     l->pull_pos = (ts_loader_pos){m->epoch, m->offset};
     l->pull_done = true;
@@ -447,10 +466,12 @@ static ts_status flush(ts_ps_client *c, int k) {
         if (!p) return ts_error(TS_ERR_MEMORY, "ps client: out of memory for %d pushes", cap);
         l->pushes = p, l->cappushes = cap;
     }
-    push_rec r = {malloc((size_t)l->npend * sizeof *r.r), (size_t)l->npend};
-    if (!r.r) return ts_error(TS_ERR_MEMORY, "ps client: out of memory for a push of %d ranges", l->npend);
+    size_t frames = 0;
+    for (int i = 0; i < l->npend; i++) frames += frames_of(l->pend[i].len);
+    push_rec r = {malloc(frames * sizeof *r.r), 0};
+    if (!r.r) return ts_error(TS_ERR_MEMORY, "ps client: out of memory for a push of %zu ranges", frames);
     for (int i = 0; i < l->npend; i++) {
-        r.r[i] = (ts_proto_range){(uint64_t)l->pend[i].offset, (uint64_t)l->pend[i].len};
+        cut_frames(r.r, &r.n, l->pend[i].offset, l->pend[i].len);
         for (int64_t j = 0; c->wire16 && j < l->pend[i].len; j++)
             c->wire16[l->pend[i].offset + j] = ts_bf16_from_f32(c->cfg.grads[l->pend[i].offset + j]);
     }
@@ -624,6 +645,9 @@ ts_ps_client *ts_ps_client_create(const ts_ps_client_config *cfg) {
         st = ts_error(TS_ERR_MEMORY, "ps client: out of memory for bf16 gradients of %lld keys", (long long)cfg->numel);
     if (!st) st = ts_secure_load(cfg->key_file, &c->keys);
     if (!st && !(c->zctx = zmq_ctx_new())) st = ts_error(TS_ERR_IO, "ps client: zmq_ctx_new failed");
+    /* a shard's connection per I/O thread (up to 4): CURVE's work on the
+     * pushes and pulls of different shards runs side by side */
+    if (!st) zmq_ctx_set(c->zctx, ZMQ_IO_THREADS, c->shards < 4 ? c->shards : 4);
     ts_proto_rx_init(&c->rx);
     ts_proto_limits_default(&c->lim);
     c->lim.max_header_bytes = 256u * 1024u;
