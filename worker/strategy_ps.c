@@ -30,7 +30,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kernels/clock.h"
 #include "kernels/optim/clip.h"
 #include "worker/ps_client.h"
 #include "worker/strategy.h"
