@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 /* Milliseconds on the monotonic clock (only differences mean anything). */
@@ -55,6 +56,22 @@ static inline int bench_run_child(const char *bench, const char *cmd, bench_pars
         return 1;
     }
     return 0;
+}
+
+/* The CPU's model name from /proc/cpuinfo into buf ("unknown CPU" when
+ * it cannot be read), for the line every benchmark table begins with. */
+static inline void bench_cpu_model(char *buf, size_t cap) {
+    snprintf(buf, cap, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) || !colon) continue;
+        snprintf(buf, cap, "%s", colon + 2);
+        buf[strcspn(buf, "\n")] = '\0';
+        break;
+    }
+    if (f) fclose(f);
 }
 
 #endif

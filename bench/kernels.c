@@ -4,7 +4,11 @@
  * (dA = dC·Bᵀ, dB = Aᵀ·dC, on transposed views as backward passes them),
  * layernorm [8,256,768] forward+backward, causal attention [8,8,256,64]
  * forward+backward; each at 1 and 2 threads (ts_threads_set, the
- * TESSERA_NUM_THREADS knob; torch.set_num_threads plus OpenBLAS's count).
+ * TESSERA_NUM_THREADS knob; torch.set_num_threads plus OpenBLAS's count)
+ * and under every CPU capability this machine offers: the bench runs
+ * itself again per capability with TESSERA_CPU_CAPABILITY set, each run
+ * against its own PyTorch server. The first line gives the CPU model and
+ * its measured FMA peak (fma_peak.h).
  * The PyTorch side is bench/kernels_torch.py, run by /usr/bin/python3 as a
  * server: each repetition runs Tessera then PyTorch, so load on a shared
  * machine hits both alike. Times are medians of the repetitions after
@@ -13,6 +17,7 @@
  * sleep (ts_threads_passive); the PyTorch server inherits it.
  *
  * usage: bench_kernels [--reps N] [--warmup N] [--threads 1,2] [--cases matmul,layernorm,attention]
+ *                      [--capabilities default,avx2,avx512]
  */
 #include <signal.h>
 #include <stdarg.h>
@@ -24,8 +29,10 @@
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "fma_peak.h"
 #include "kernels/autograd.h"
 #include "kernels/ops/attention.h"
+#include "kernels/ops/cpu/capability.h"
 #include "kernels/ops/matmul.h"
 #include "kernels/ops/norm.h"
 #include "kernels/ops/view.h"
@@ -193,39 +200,17 @@ static bench_case cases[] = {
     {"attention_fwd_bwd", 2, {0}, run_attention},
 };
 
-int main(int argc, char **argv) {
-    ts_threads_passive(argv);
-    int reps = 7, warmup = 2;
-    const char *threads = "1,2", *want = "matmul,layernorm,attention";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = argv[++i];
-        else if (!strcmp(argv[i], "--cases") && i + 1 < argc) want = argv[++i];
-        else {
-            fprintf(stderr, "usage: %s [--reps N] [--warmup N] [--threads 1,2] [--cases matmul,layernorm,attention]\n",
-                    argv[0]);
-            return 2;
-        }
-    }
-    if (reps < 1 || reps > MAX_REPS / 4 || warmup < 0) {
-        fprintf(stderr, "bench_kernels: --reps must be 1..%d and --warmup >= 0\n", MAX_REPS / 4);
-        return 2;
-    }
+/* Runs every case at every thread count under this process's CPU
+ * capability, each row against PyTorch; returns the number of targets
+ * missed. */
+static int run_cases(const char *cap, const char *threads, const char *want, int reps, int warmup) {
     signal(SIGPIPE, SIG_IGN);
     torch_start();
-    printf("%-20s %7s %12s %12s %8s %8s  %s\n", "case", "threads", "tessera ms", "torch ms", "ratio", "target",
-           "torch reference");
-    fflush(stdout);
     int missed = 0;
     char list[64];
     snprintf(list, sizeof list, "%s", threads);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
         int nt = atoi(tok);
-        if (nt < 1) {
-            fprintf(stderr, "bench_kernels: bad thread count '%s'\n", tok);
-            return 2;
-        }
         ts_threads_set(nt);
         char blas[64];
         snprintf(blas, sizeof blas, "%s", torch_ask("threads %d", nt));
@@ -252,14 +237,96 @@ int main(int argc, char **argv) {
             double target = strcmp(family, "matmul") ? 1.0 : 1.05;
             bool ok = ratio <= target;
             missed += !ok;
-            printf("%-20s %7d %12.2f %12.2f %8.3f %7s%s  %s (torch %s, blas threads %s)\n", c->name, nt, mt, mh,
-                   ratio, target > 1 ? "<=1.05" : "<=1.00", ok ? " " : "!", note, tok, blas + 3);
+            printf("%-20s %-8s %7d %12.2f %12.2f %8.3f %7s%s  %s (torch %s, blas threads %s)\n", c->name, cap, nt, mt,
+                   mh, ratio, target > 1 ? "<=1.05" : "<=1.00", ok ? " " : "!", note, tok, blas + 3);
             fflush(stdout);
         }
     }
     torch_stop();
-    printf("(ratio = tessera / torch; medians of %d reps (x4 layernorm, x2 attention) after %d warm-up, "
-           "interleaved; ! = target missed: %d)\n",
+    return missed;
+}
+
+/* Runs this program again with TESSERA_CPU_CAPABILITY=cap and --child;
+ * returns the targets it missed (or -1 when it failed). */
+static int run_capability(const char *cap, int argc, char **argv) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char *args[64];
+        int n = 0;
+        for (int i = 0; i < argc && n < 60; i++) args[n++] = argv[i];
+        args[n++] = "--child";
+        args[n++] = (char *)cap;
+        args[n] = NULL;
+        setenv("TESSERA_CPU_CAPABILITY", cap, 1);
+        execv("/proc/self/exe", args);
+        perror("bench_kernels: exec");
+        _exit(127);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) >= 100) return -1;
+    return WEXITSTATUS(status);
+}
+
+int main(int argc, char **argv) {
+    ts_threads_passive(argv);
+    int reps = 7, warmup = 2;
+    const char *threads = "1,2", *want = "matmul,layernorm,attention", *caps = NULL, *child = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = argv[++i];
+        else if (!strcmp(argv[i], "--cases") && i + 1 < argc) want = argv[++i];
+        else if (!strcmp(argv[i], "--capabilities") && i + 1 < argc) caps = argv[++i];
+        else if (!strcmp(argv[i], "--child") && i + 1 < argc) child = argv[++i];
+        else {
+            fprintf(stderr,
+                    "usage: %s [--reps N] [--warmup N] [--threads 1,2] [--cases matmul,layernorm,attention] "
+                    "[--capabilities default,avx2,avx512]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > MAX_REPS / 4 || warmup < 0) {
+        fprintf(stderr, "bench_kernels: --reps must be 1..%d and --warmup >= 0\n", MAX_REPS / 4);
+        return 2;
+    }
+    for (const char *p = threads; *p; p++)
+        if ((*p < '0' || *p > '9') && *p != ',') {
+            fprintf(stderr, "bench_kernels: bad thread list '%s'\n", threads);
+            return 2;
+        }
+    if (child) {
+        int missed = run_cases(child, threads, want, reps, warmup);
+        return missed < 99 ? missed : 99;
+    }
+    char cpu[128], list[64];
+    bench_cpu_model(cpu, sizeof cpu);
+    printf("CPU: %s; FMA peak (%s, a loop of independent FMAs):", cpu, fma_peak_isa());
+    snprintf(list, sizeof list, "%s", threads);
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ","))
+        printf(" %.1f GFLOP/s at %d thread%s", fma_peak_gflops(atoi(tok)), atoi(tok), atoi(tok) > 1 ? "s" : "");
+    printf("\n%-20s %-8s %7s %12s %12s %8s %8s  %s\n", "case", "cpu caps", "threads", "tessera ms", "torch ms", "ratio",
+           "target", "torch reference");
+    int missed = 0;
+    for (int c = 0; c < TS_NCPU_CAPS; c++) {
+        const char *name = ts_cpu_capability_name((ts_cpu_capability)c);
+        bool asked = caps && strstr(caps, name);
+        if (caps ? !asked : !ts_cpu_capability_supported((ts_cpu_capability)c)) continue;
+        ts_cpu_capability parsed;
+        if (ts_cpu_capability_parse(name, &parsed)) {
+            printf("%-20s %-8s skipped: %s\n", "(all)", name, ts_last_error());
+            continue;
+        }
+        int m = run_capability(name, argc, argv);
+        if (m < 0) {
+            fprintf(stderr, "bench_kernels: the %s run failed\n", name);
+            return 1;
+        }
+        missed += m;
+    }
+    printf("(ratio = tessera / torch; cpu caps = TESSERA_CPU_CAPABILITY of the Tessera run; medians of %d reps (x4 "
+           "layernorm, x2 attention) after %d warm-up, interleaved; ! = target missed: %d)\n",
            reps, warmup, missed);
     return 0;
 }

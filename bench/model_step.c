@@ -19,12 +19,17 @@
  * - Tessera also reports its allocator's peak of live tensor bytes in the
  *   step (ts_alloc_get_stats().peak after ts_alloc_reset_peak()).
  * Time: median of the steps after warm-up. Ratio = Tessera / PyTorch.
+ * Tessera runs once per CPU capability this machine offers
+ * (TESSERA_CPU_CAPABILITY set in the child), each row against the same
+ * PyTorch figure. The first line gives the CPU model and its measured FMA
+ * peak (fma_peak.h); each GPT row gives the step's matrix-product work
+ * over its time, and that as a share of the peak.
  * Both children run with OMP_WAIT_POLICY=passive and
  * OPENBLAS_THREAD_TIMEOUT=4, as tessera-run starts its processes (see
  * ts_threads_passive): idle workers of either pool then sleep
  * instead of spinning on the cores the other pool's threads need.
  *
- * Usage: bench_model_step [--steps N] [--warmup N]
+ * Usage: bench_model_step [--steps N] [--warmup N] [--capabilities default,avx2,avx512]
  */
 #include <malloc.h>
 #include <stdio.h>
@@ -34,9 +39,11 @@
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "fma_peak.h"
 #include "kernels/alloc.h"
 #include "kernels/autograd.h"
 #include "kernels/nn/models.h"
+#include "kernels/ops/cpu/capability.h"
 #include "kernels/ops/loss.h"
 #include "kernels/ops/view.h"
 #include "kernels/optim/optim.h"
@@ -186,18 +193,31 @@ static int run_child(const char *cmd, result *r) {
     return bench_run_child("model_step", cmd, parse_result, r);
 }
 
-/* Runs model in a fresh Tessera process at threads threads. */
-static int run_tessera(const char *model, int threads, int steps, int warmup, result *r) {
+/* Runs model in a fresh Tessera process at threads threads under CPU
+ * capability cap. */
+static int run_tessera(const char *model, const char *cap, int threads, int steps, int warmup, result *r) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
-             "OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 TESSERA_NUM_THREADS=%d /proc/%d/exe --steps %d "
-             "--warmup %d --one %s %d",
-             threads, (int)getpid(), steps, warmup, model, threads);
+             "OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 TESSERA_CPU_CAPABILITY=%s TESSERA_NUM_THREADS=%d "
+             "/proc/%d/exe --steps %d --warmup %d --one %s %d",
+             cap, threads, (int)getpid(), steps, warmup, model, threads);
     return run_child(cmd, r);
+}
+
+/* The GPT step's matrix-product work in flops: every Linear weight (the
+ * blocks' qkv, proj, fc, fc proj and the head) 6 flops per weight per
+ * token (forward, input and weight gradients), and attention's four
+ * products forward and eight backward, 12 L H D T^2 B, counted whole as
+ * the usual MFU formula does (the causal kernels skip about half). */
+static double gpt_matmul_flops(void) {
+    const double L = 4, C = 256, H = 4, T = 128, B = 8, V = 256;
+    double linear = L * 12 * C * C + C * V;
+    return 6 * linear * B * T + 12 * L * H * (C / H) * T * T * B;
 }
 
 int main(int argc, char **argv) {
     int steps = 7, warmup = 2;
+    const char *caps = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--one") && i + 2 < argc) {
             result r;
@@ -212,8 +232,10 @@ int main(int argc, char **argv) {
             steps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) {
             warmup = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--capabilities") && i + 1 < argc) {
+            caps = argv[++i];
         } else {
-            fprintf(stderr, "usage: %s [--steps N] [--warmup N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--capabilities default,avx2,avx512]\n", argv[0]);
             return 2;
         }
     }
@@ -221,41 +243,70 @@ int main(int argc, char **argv) {
         fprintf(stderr, "model_step: --steps and --warmup must be >= 1\n");
         return 2;
     }
+    /* the capabilities to run: those asked for (refused ones say why), else every one this CPU offers */
+    const char *run_caps[TS_NCPU_CAPS];
+    int ncaps = 0;
+    for (int c = 0; c < TS_NCPU_CAPS; c++) {
+        const char *name = ts_cpu_capability_name((ts_cpu_capability)c);
+        if (caps ? !strstr(caps, name) : !ts_cpu_capability_supported((ts_cpu_capability)c)) continue;
+        ts_cpu_capability parsed;
+        if (ts_cpu_capability_parse(name, &parsed)) printf("%s: skipped: %s\n", name, ts_last_error());
+        else run_caps[ncaps++] = name;
+    }
+    char cpu[128];
+    bench_cpu_model(cpu, sizeof cpu);
+    double peak[2] = {fma_peak_gflops(1), fma_peak_gflops(2)};
+    printf("CPU: %s; FMA peak (%s, a loop of independent FMAs): %.1f GFLOP/s at 1 thread, %.1f at 2\n", cpu,
+           fma_peak_isa(), peak[0], peak[1]);
     printf("one training step (forward, cross-entropy, backward, AdamW), median of %d after %d warm-up\n", steps,
            warmup);
-    printf("GPT: L=4 C=256 H=4 T=128 B=8 V=256; CNN: B=64 1x28x28 16/32 ch k5. ratio = Tessera / PyTorch\n");
-    printf("%-4s %3s | %10s %10s %6s | %9s %9s %6s | %9s %9s %6s | %9s\n", "", "thr", "tessera ms", "torch ms",
-           "ratio", "ts rssMB", "pt rssMB", "ratio", "ts stepMB", "pt stepMB", "ratio", "ts allocMB");
+    printf("GPT: L=4 C=256 H=4 T=128 B=8 V=256 (%.2f GFLOP of matrix products a step); CNN: B=64 1x28x28 16/32 ch k5.\n"
+           "ratio = Tessera / PyTorch; caps = TESSERA_CPU_CAPABILITY of the Tessera run; GFLOP/s = the GPT's matrix\n"
+           "products over the whole step time, and that as a share of the FMA peak at the same thread count\n",
+           gpt_matmul_flops() / 1e9);
+    printf("%-4s %-7s %3s | %10s %10s %6s | %9s %9s %6s | %9s %9s %6s | %9s | %7s %6s\n", "", "caps", "thr",
+           "tessera ms", "torch ms", "ratio", "ts rssMB", "pt rssMB", "ratio", "ts stepMB", "pt stepMB", "ratio",
+           "ts allocMB", "GFLOP/s", "%peak");
     const char *models[] = {"gpt", "cnn"};
-    result f32[2][2];
+    result f32[2][2][TS_NCPU_CAPS];
     for (int mi = 0; mi < 2; mi++)
         for (int threads = 1; threads <= 2; threads++) {
             char cmd[1024];
-            result ts, pt;
-            if (run_tessera(models[mi], threads, steps, warmup, &ts)) return 1;
-            f32[mi][threads - 1] = ts;
+            result pt;
             snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 /usr/bin/python3 %s/bench/model_step_torch.py %s %d %d %d",
                      TESSERA_SOURCE_DIR, models[mi], threads, warmup, steps);
             if (run_child(cmd, &pt)) return 1;
-            printf("%-4s %3d | %10.2f %10.2f %6.2f | %9.1f %9.1f %6.2f | %9.1f %9.1f %6.2f | %9.1f\n", models[mi],
-                   threads, ts.ms, pt.ms, ts.ms / pt.ms, ts.rss_mb, pt.rss_mb, ts.rss_mb / pt.rss_mb, ts.step_rss_mb,
-                   pt.step_rss_mb, ts.step_rss_mb / pt.step_rss_mb, ts.alloc_mb);
-            fflush(stdout);
+            for (int ci = 0; ci < ncaps; ci++) {
+                result *ts = &f32[mi][threads - 1][ci];
+                if (run_tessera(models[mi], run_caps[ci], threads, steps, warmup, ts)) return 1;
+                printf("%-4s %-7s %3d | %10.2f %10.2f %6.2f | %9.1f %9.1f %6.2f | %9.1f %9.1f %6.2f | %9.1f", models[mi],
+                       run_caps[ci], threads, ts->ms, pt.ms, ts->ms / pt.ms, ts->rss_mb, pt.rss_mb,
+                       ts->rss_mb / pt.rss_mb, ts->step_rss_mb, pt.step_rss_mb, ts->step_rss_mb / pt.step_rss_mb,
+                       ts->alloc_mb);
+                if (mi == 0) {
+                    double gflops = gpt_matmul_flops() / (ts->ms / 1e3) / 1e9;
+                    printf(" | %7.1f %5.0f%%\n", gflops, 100 * gflops / peak[threads - 1]);
+                } else {
+                    printf(" | %7s %6s\n", "-", "-");
+                }
+                fflush(stdout);
+            }
         }
     printf("\nbf16 compute (f32 master weights and AdamW state, activations saved for backward in bf16) vs f32,\n"
            "Tessera in both columns; ratio = bf16 / f32\n");
-    printf("%-4s %3s | %10s %10s %6s | %9s %9s %6s | %9s %9s %6s\n", "", "thr", "f32 ms", "bf16 ms", "ratio",
-           "f32 stepMB", "bf16 stepMB", "ratio", "f32 alloc", "bf16 alloc", "ratio");
+    printf("%-4s %-7s %3s | %10s %10s %6s | %9s %9s %6s | %9s %9s %6s\n", "", "caps", "thr", "f32 ms", "bf16 ms",
+           "ratio", "f32 stepMB", "bf16 stepMB", "ratio", "f32 alloc", "bf16 alloc", "ratio");
     for (int mi = 0; mi < 2; mi++)
-        for (int threads = 1; threads <= 2; threads++) {
-            char name[16];
-            result b, *f = &f32[mi][threads - 1];
-            snprintf(name, sizeof name, "%s-bf16", models[mi]);
-            if (run_tessera(name, threads, steps, warmup, &b)) return 1;
-            printf("%-4s %3d | %10.2f %10.2f %6.2f | %9.1f %9.1f %6.2f | %9.1f %9.1f %6.2f\n", models[mi], threads,
-                   f->ms, b.ms, b.ms / f->ms, f->step_rss_mb, b.step_rss_mb, b.step_rss_mb / f->step_rss_mb,
-                   f->alloc_mb, b.alloc_mb, b.alloc_mb / f->alloc_mb);
-            fflush(stdout);
-        }
+        for (int threads = 1; threads <= 2; threads++)
+            for (int ci = 0; ci < ncaps; ci++) {
+                char name[16];
+                result b, *f = &f32[mi][threads - 1][ci];
+                snprintf(name, sizeof name, "%s-bf16", models[mi]);
+                if (run_tessera(name, run_caps[ci], threads, steps, warmup, &b)) return 1;
+                printf("%-4s %-7s %3d | %10.2f %10.2f %6.2f | %9.1f %9.1f %6.2f | %9.1f %9.1f %6.2f\n", models[mi],
+                       run_caps[ci], threads, f->ms, b.ms, b.ms / f->ms, f->step_rss_mb, b.step_rss_mb,
+                       b.step_rss_mb / f->step_rss_mb, f->alloc_mb, b.alloc_mb, b.alloc_mb / f->alloc_mb);
+                fflush(stdout);
+            }
     return 0;
 }

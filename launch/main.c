@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/ops/cpu/capability.h"
 #include "kernels/threads.h"
 #include "launch/argv.h"
 #include "launch/cluster.h"
@@ -37,8 +38,8 @@ static const char usage[] =
     "  tessera-run --generate CHECKPOINT_DIR --prompt TEXT [--tokens N]\n"
     "      [--temperature T] [--top-k K] [--seed S]   sample text from a GPT\n"
     "  tessera-run --plot RUN_DIR      draw RUN_DIR/metrics.png\n"
-    "  tessera-run --env               version, build options, BLAS, threads,\n"
-    "      ZeroMQ/CURVE, MPI, CUDA\n"
+    "  tessera-run --env               version, build options, CPU kernels, BLAS,\n"
+    "      threads, ZeroMQ/CURVE, MPI, CUDA\n"
     "  tessera-run --help\n";
 
 /* Parsed command line. */
@@ -214,6 +215,11 @@ int main(int argc, char **argv) {
 
     cli c;
     if (parse_cli(argc, argv, &c) != 0) return 2;
+    ts_cpu_capability cap; /* a refused TESSERA_CPU_CAPABILITY stops everything but --env and --status */
+    if (c.mode != MODE_ENV && c.mode != MODE_STATUS && ts_cpu_capability_get(&cap)) {
+        fprintf(stderr, "tessera-run: %s\n", ts_last_error());
+        return 2;
+    }
     int code;
     char png[1200];
     if (c.mode == MODE_STATUS) {
