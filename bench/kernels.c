@@ -7,7 +7,9 @@
  * TESSERA_NUM_THREADS knob; torch.set_num_threads plus OpenBLAS's count)
  * and under every CPU capability this machine offers: the bench runs
  * itself again per capability with TESSERA_CPU_CAPABILITY set, each run
- * against its own PyTorch server. The first line gives the CPU model and
+ * against its own PyTorch server with ATEN_CPU_CAPABILITY set to the same
+ * (PyTorch's own kernels at that vector ISA; both call the same OpenBLAS,
+ * which chooses its kernels itself). The first line gives the CPU model and
  * its measured FMA peak (fma_peak.h).
  * The PyTorch side is bench/kernels_torch.py, run by /usr/bin/python3 as a
  * server: each repetition runs Tessera then PyTorch, so load on a shared
@@ -259,6 +261,7 @@ static int run_capability(const char *cap, int argc, char **argv) {
         args[n++] = (char *)cap;
         args[n] = NULL;
         setenv("TESSERA_CPU_CAPABILITY", cap, 1);
+        setenv("ATEN_CPU_CAPABILITY", cap, 1); /* the PyTorch server's kernels alike */
         execv("/proc/self/exe", args);
         perror("bench_kernels: exec");
         _exit(127);
@@ -325,7 +328,7 @@ int main(int argc, char **argv) {
         }
         missed += m;
     }
-    printf("(ratio = tessera / torch; cpu caps = TESSERA_CPU_CAPABILITY of the Tessera run; medians of %d reps (x4 "
+    printf("(ratio = tessera / torch; cpu caps = TESSERA_CPU_CAPABILITY and ATEN_CPU_CAPABILITY of the run; medians of %d reps (x4 "
            "layernorm, x2 attention) after %d warm-up, interleaved; ! = target missed: %d)\n",
            reps, warmup, missed);
     return 0;

@@ -19,9 +19,10 @@
  * - Tessera also reports its allocator's peak of live tensor bytes in the
  *   step (ts_alloc_get_stats().peak after ts_alloc_reset_peak()).
  * Time: median of the steps after warm-up. Ratio = Tessera / PyTorch.
- * Tessera runs once per CPU capability this machine offers
- * (TESSERA_CPU_CAPABILITY set in the child), each row against the same
- * PyTorch figure. The first line gives the CPU model and its measured FMA
+ * Each row is one CPU capability this machine offers: Tessera with
+ * TESSERA_CPU_CAPABILITY, PyTorch with ATEN_CPU_CAPABILITY set to it (its
+ * own kernels' vector ISA; both call the same OpenBLAS, which picks its
+ * kernels itself). The first line gives the CPU model and its measured FMA
  * peak (fma_peak.h); each GPT row gives the step's matrix-product work
  * over its time, and that as a share of the peak.
  * Both children run with OMP_WAIT_POLICY=passive and
@@ -29,7 +30,9 @@
  * ts_threads_passive): idle workers of either pool then sleep
  * instead of spinning on the cores the other pool's threads need.
  *
- * Usage: bench_model_step [--steps N] [--warmup N] [--capabilities default,avx2,avx512]
+ * Usage: bench_model_step [--steps N] [--warmup N] [--capabilities default,avx2,avx512] [--cpu-time]
+ * (--cpu-time: steps timed by process CPU time, both sides; for a loaded
+ * machine, meaningful at one thread)
  */
 #include <malloc.h>
 #include <stdio.h>
@@ -52,6 +55,17 @@
 typedef struct {
     double ms, rss_mb, step_rss_mb, alloc_mb;
 } result;
+
+/* BENCH_CLOCK=cpu (set by --cpu-time, inherited by every child): steps
+ * are timed by the process's CPU time rather than the wall clock, which
+ * holds on a loaded machine for one thread. */
+static double step_clock_ms(void) {
+    const char *clock = getenv("BENCH_CLOCK");
+    if (!clock || strcmp(clock, "cpu")) return bench_now_ms();
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
 
 /* A "VmRSS:" / "VmHWM:" field of /proc/self/status, in MiB. */
 static double proc_mb(const char *field) {
@@ -141,7 +155,7 @@ static int run_one(const char *model, int threads, int warmup, int steps, result
             rss_before = proc_mb("VmRSS:");
             ts_alloc_reset_peak();
         }
-        double t0 = bench_now_ms();
+        double t0 = step_clock_ms();
         ts_model_zero_grad(m);
         ts_tensor *logits = ts_model_forward(m, x);
         ts_tensor *flat = logits ? ts_reshape(logits, 2, (int64_t[]){-1, classes}) : NULL;
@@ -159,7 +173,7 @@ static int run_one(const char *model, int threads, int warmup, int steps, result
             fprintf(stderr, "model_step: %s\n", ts_last_error());
             return 1;
         }
-        double t1 = bench_now_ms();
+        double t1 = step_clock_ms();
         if (it >= warmup) times[it - warmup] = t1 - t0;
         if (last) {
             step_rss = proc_mb("VmHWM:") - rss_before;
@@ -234,8 +248,11 @@ int main(int argc, char **argv) {
             warmup = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--capabilities") && i + 1 < argc) {
             caps = argv[++i];
+        } else if (!strcmp(argv[i], "--cpu-time")) {
+            setenv("BENCH_CLOCK", "cpu", 1);
         } else {
-            fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--capabilities default,avx2,avx512]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--capabilities default,avx2,avx512] [--cpu-time]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -261,8 +278,9 @@ int main(int argc, char **argv) {
     printf("one training step (forward, cross-entropy, backward, AdamW), median of %d after %d warm-up\n", steps,
            warmup);
     printf("GPT: L=4 C=256 H=4 T=128 B=8 V=256 (%.2f GFLOP of matrix products a step); CNN: B=64 1x28x28 16/32 ch k5.\n"
-           "ratio = Tessera / PyTorch; caps = TESSERA_CPU_CAPABILITY of the Tessera run; GFLOP/s = the GPT's matrix\n"
-           "products over the whole step time, and that as a share of the FMA peak at the same thread count\n",
+           "ratio = Tessera / PyTorch; caps = TESSERA_CPU_CAPABILITY of the Tessera run and ATEN_CPU_CAPABILITY of\n"
+           "the PyTorch run it is compared with; GFLOP/s = the GPT's matrix products over the whole step time, and\n"
+           "that as a share of the FMA peak at the same thread count\n",
            gpt_matmul_flops() / 1e9);
     printf("%-4s %-7s %3s | %10s %10s %6s | %9s %9s %6s | %9s %9s %6s | %9s | %7s %6s\n", "", "caps", "thr",
            "tessera ms", "torch ms", "ratio", "ts rssMB", "pt rssMB", "ratio", "ts stepMB", "pt stepMB", "ratio",
@@ -270,15 +288,15 @@ int main(int argc, char **argv) {
     const char *models[] = {"gpt", "cnn"};
     result f32[2][2][TS_NCPU_CAPS];
     for (int mi = 0; mi < 2; mi++)
-        for (int threads = 1; threads <= 2; threads++) {
-            char cmd[1024];
-            result pt;
-            snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 /usr/bin/python3 %s/bench/model_step_torch.py %s %d %d %d",
-                     TESSERA_SOURCE_DIR, models[mi], threads, warmup, steps);
-            if (run_child(cmd, &pt)) return 1;
+        for (int threads = 1; threads <= 2; threads++)
             for (int ci = 0; ci < ncaps; ci++) {
-                result *ts = &f32[mi][threads - 1][ci];
-                if (run_tessera(models[mi], run_caps[ci], threads, steps, warmup, ts)) return 1;
+                char cmd[1024];
+                result pt, *ts = &f32[mi][threads - 1][ci];
+                snprintf(cmd, sizeof cmd,
+                         "OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 ATEN_CPU_CAPABILITY=%s /usr/bin/python3 "
+                         "%s/bench/model_step_torch.py %s %d %d %d",
+                         run_caps[ci], TESSERA_SOURCE_DIR, models[mi], threads, warmup, steps);
+                if (run_child(cmd, &pt) || run_tessera(models[mi], run_caps[ci], threads, steps, warmup, ts)) return 1;
                 printf("%-4s %-7s %3d | %10.2f %10.2f %6.2f | %9.1f %9.1f %6.2f | %9.1f %9.1f %6.2f | %9.1f", models[mi],
                        run_caps[ci], threads, ts->ms, pt.ms, ts->ms / pt.ms, ts->rss_mb, pt.rss_mb,
                        ts->rss_mb / pt.rss_mb, ts->step_rss_mb, pt.step_rss_mb, ts->step_rss_mb / pt.step_rss_mb,
@@ -291,7 +309,6 @@ int main(int argc, char **argv) {
                 }
                 fflush(stdout);
             }
-        }
     printf("\nbf16 compute (f32 master weights and AdamW state, activations saved for backward in bf16) vs f32,\n"
            "Tessera in both columns; ratio = bf16 / f32\n");
     printf("%-4s %-7s %3s | %10s %10s %6s | %9s %9s %6s | %9s %9s %6s\n", "", "caps", "thr", "f32 ms", "bf16 ms",

@@ -281,21 +281,25 @@ ts_status ts_grad_accumulate(ts_tensor **slot, const ts_tensor *src) {
     return *slot ? TS_OK : ts_last_status();
 }
 
-/* Pending (non-leaf) gradients may alias tensors the engine does not own,
- * so a second arrival makes a fresh sum instead of adding in place. */
+/* Pending (non-leaf) gradients may alias tensors the engine does not own
+ * (the same tensor pending for two nodes, a view of another gradient), so
+ * a second arrival adds in place only into a sum nothing else can see (one
+ * reference to it and to its storage), else makes a fresh sum. */
 static ts_status accumulate_pending(ts_tensor **slot, ts_tensor *src) {
-    if (!*slot) {
+    ts_tensor *s = *slot;
+    if (!s) {
         *slot = ts_tensor_retain(src);
         return TS_OK;
     }
-    ts_tensor *sum = ts_tensor_copy_as(*slot, (*slot)->dtype);
+    if (s->refcount == 1 && s->storage->refcount == 1 && ts_tensor_is_contiguous(s)) return ts_tensor_add_(s, src);
+    ts_tensor *sum = ts_tensor_copy_as(s, s->dtype);
     if (!sum) return ts_last_status();
     ts_status st = ts_tensor_add_(sum, src);
     if (st) {
         ts_tensor_release(sum);
         return st;
     }
-    ts_tensor_release(*slot);
+    ts_tensor_release(s);
     *slot = sum;
     return TS_OK;
 }

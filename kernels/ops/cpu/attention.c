@@ -11,9 +11,9 @@
  * products are a register-tiled matrix kernel of our own rather than
  * OpenBLAS, since OpenBLAS may not be called inside an OpenMP region and
  * calling it per head from outside (with its threads) left both thread
- * pools spinning against each other. With the causal mask, blocks skip the
- * keys no query of the block sees (about half the work). The kernels are
- * in attention_t.h, once per dtype.
+ * pools spinning against each other. With the causal mask, each register
+ * tile skips the keys its queries do not see (about half the work). The
+ * kernels are in attention_t.h, once per dtype.
  */
 #include <math.h>
 #include <string.h>
@@ -27,13 +27,24 @@
  * accumulators, sized for the register file: with 32 registers 8 x 2 (16
  * accumulators, the B vectors and the broadcast A values alongside); with
  * 16, 6 x 2 (12 + 2 + 1, the classic AVX2 tile). */
+/* SSE has no broadcast load: a scalar times a vector costs a shuffle per
+ * element, on the ports the multiplies and adds need. There each row tile
+ * of A is packed once into vectors of one element repeated (reused by
+ * every column tile); with AVX and NEON the broadcast is free. Without FMA
+ * a product needs a register of its own, so the SSE tile is smaller. */
+#if defined(__SSE2__) && !defined(__AVX__)
+#define PACK_A 1
+#else
+#define PACK_A 0
+#endif
 #if TS_VEC_REGS >= 32
 #define MR 8
-#define NV 2
+#elif PACK_A
+#define MR 4
 #else
 #define MR 6
-#define NV 2
 #endif
+#define NV 2
 /* Tile of the blocked transpose. */
 #define TR_TILE 16
 
@@ -45,10 +56,32 @@ static inline int64_t visible(const ts_attention_geom *g, int64_t i) {
 /* Keys any query of rows [i0, i1) sees: the width of that block's scores. */
 static inline int64_t block_width(const ts_attention_geom *g, int64_t i1) { return visible(g, i1 - 1); }
 
+/* What a product's tiles may skip under the causal mask: nothing; the
+ * columns past a row's visible keys (scores: row i of the tile, global row
+ * i + off, needs columns < i + off + 1); the inner terms past them (P V,
+ * dS K: the probabilities beyond are 0); or the inner terms before them
+ * (P^T dO, dS^T Q: key row i + off sees queries from inner index i + off
+ * on). Skipped terms are zeros, so the sums are unchanged. */
+typedef enum { TRI_NONE, TRI_COLS, TRI_INNER_END, TRI_INNER_BEGIN } tri_mode;
+typedef struct {
+    tri_mode mode;
+    int64_t off;
+} tri;
+
+/* mode when g is causal, else none. */
+static inline tri causal(const ts_attention_geom *g, tri_mode mode, int64_t off) {
+    return (tri){g->causal ? mode : TRI_NONE, off};
+}
+
 /* Scratch elements per thread: K^T, V^T, the probabilities and the score
- * gradients of a head (the backward needs all; the forward less). */
+ * gradients of a head (the backward needs all; the forward less), and a
+ * packed row tile of A (PACK_A: MR rows of the longest inner dim, an
+ * element a vector). */
 static int64_t scratch_per_thread(const ts_attention_geom *g) {
-    return g->Tk * (g->D + g->Dv) + 2 * g->Tq * g->Tk;
+    int64_t inner = g->Tq > g->Tk ? g->Tq : g->Tk;
+    inner = inner > g->D ? inner : g->D;
+    inner = inner > g->Dv ? inner : g->Dv;
+    return g->Tk * (g->D + g->Dv) + 2 * g->Tq * g->Tk + (PACK_A ? MR * inner * TS_VEC_BYTES / 4 : 0);
 }
 
 #define TS_DT 32
