@@ -34,6 +34,16 @@
 #define TAP_BLOCK 6
 #endif
 
+/* SSE has no broadcast load: a scalar times a vector costs a shuffle, on
+ * the ports the multiplies and adds need. There each padded image holds
+ * its elements as whole vectors (one element repeated), so the blocks load
+ * them as they are; with AVX and NEON the broadcast is free. */
+#if defined(__SSE2__) && !defined(__AVX__)
+#define PACK_X 1
+#else
+#define PACK_X 0
+#endif
+
 /* Block sizes tried largest first to cover a row (pixels) or the taps. */
 static const int64_t pix_menu[4] = {PIX_BLOCK, 4, 2, 1};
 static const int64_t tap_menu[3] = {TAP_BLOCK, 4, 1};
@@ -54,6 +64,12 @@ typedef struct {
     int64_t hp, wp, cout, cpad, hout, wout, ntap;
     const int64_t *toff;
 } plane;
+
+/* Elements of one padded image of pc (of es bytes; whole vectors with
+ * PACK_X). */
+static int64_t padded(const plane *pc, size_t es) {
+    return pc->cin * pc->hp * pc->wp * (PACK_X ? TS_VEC_BYTES / (int64_t)es : 1);
+}
 
 #define TS_DT 32
 #include "kernels/ops/cpu/conv_direct_t.h"
@@ -108,7 +124,7 @@ ts_status TS_VARIANT(ts_conv_direct_forward)(const ts_conv_geom *g, ts_dtype dt,
                                          const void *bias, void *out) {
     size_t es = ts_dtype_size(dt);
     plane pc = forward_plane(g, es);
-    int64_t *toff = offsets(g, &pc), n = pc.ntap * pc.cpad + pc.cpad + omp_get_max_threads() * pc.cin * pc.hp * pc.wp;
+    int64_t *toff = offsets(g, &pc), n = pc.ntap * pc.cpad + pc.cpad + omp_get_max_threads() * padded(&pc, es);
     void *scr = toff ? ts_cpu_scratch("conv2d", n, es) : NULL;
     if (scr && dt == TS_F32) forward_f32(g, &pc, x, w, bias, out, scr);
     else if (scr) forward_f64(g, &pc, x, w, bias, out, scr);
@@ -125,7 +141,7 @@ static ts_status weight_grad(const ts_conv_geom *g, ts_dtype dt, const void *x, 
     plane pc = forward_plane(g, es);
     int64_t part = pc.ntap * pc.cpad, groups = g->N < DW_GROUPS ? g->N : DW_GROUPS;
     while (groups > 1 && groups * part * (int64_t)es > DW_PARTIAL_BYTES) groups--;
-    int64_t *toff = offsets(g, &pc), n = groups * part + nthr * (pc.cin * pc.hp * pc.wp + pc.hout * pc.wout * pc.cpad);
+    int64_t *toff = offsets(g, &pc), n = groups * part + nthr * (padded(&pc, es) + pc.hout * pc.wout * pc.cpad);
     void *scr = toff ? ts_cpu_scratch("conv2d", n, es) : NULL;
     if (scr && dt == TS_F32) weight_grad_f32(&pc, g->N, groups, nthr, x, dout, dw, scr);
     else if (scr) weight_grad_f64(&pc, g->N, groups, nthr, x, dout, dw, scr);
@@ -139,7 +155,7 @@ static ts_status weight_grad(const ts_conv_geom *g, ts_dtype dt, const void *x, 
 static ts_status input_grad(const ts_conv_geom *g, ts_dtype dt, const void *w, const void *dout, void *dx) {
     size_t es = ts_dtype_size(dt);
     plane pc = input_grad_plane(g, es);
-    int64_t *toff = offsets(g, &pc), n = pc.ntap * pc.cpad + omp_get_max_threads() * pc.cin * pc.hp * pc.wp;
+    int64_t *toff = offsets(g, &pc), n = pc.ntap * pc.cpad + omp_get_max_threads() * padded(&pc, es);
     void *scr = toff ? ts_cpu_scratch("conv2d", n, es) : NULL;
     if (scr && dt == TS_F32) input_grad_f32(g, &pc, w, dout, dx, scr);
     else if (scr) input_grad_f64(g, &pc, w, dout, dx, scr);

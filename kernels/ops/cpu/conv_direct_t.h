@@ -5,6 +5,20 @@
 
 typedef T FN(vec) __attribute__((vector_size(TS_VEC_BYTES)));
 
+/* An input element of a padded image at element offset off: with PACK_X
+ * the image holds each element as a whole vector (XS lanes apart), read
+ * as one; else a scalar, broadcast by the multiply. */
+enum { FN(XS) = PACK_X ? TS_VEC_BYTES / sizeof(T) : 1 };
+#if PACK_X
+static inline FN(vec) FN(xload)(const T *x, int64_t off) {
+    FN(vec) v;
+    memcpy(&v, x + off * FN(XS), sizeof v);
+    return v;
+}
+#else
+static inline T FN(xload)(const T *x, int64_t off) { return x[off]; }
+#endif
+
 /* One forward block: a run of pixels of an output row times channel
  * vectors, summed over every tap. */
 typedef struct {
@@ -31,11 +45,11 @@ static inline __attribute__((always_inline)) void FN(fwd_block)(int pb, int ov, 
     for (int p = 0; p < pb; p++)
         for (int v = 0; v < ov; v++) acc[p][v] = b[v];
     for (int64_t t = 0; t < a->ntap; t++) {
-        const T *xt = a->x + a->toff[t];
+        const T *xt = a->x + a->toff[t] * FN(XS);
         FN(vec) wv[2];
         for (int v = 0; v < ov; v++) memcpy(&wv[v], a->wt + t * a->ld + v * VL, TS_VEC_BYTES);
         for (int p = 0; p < pb; p++) {
-            T s = xt[p];
+            __typeof__(FN(xload)(xt, 0)) s = FN(xload)(xt, p);
             for (int v = 0; v < ov; v++) acc[p][v] += wv[v] * s;
         }
     }
@@ -75,13 +89,13 @@ static inline __attribute__((always_inline)) void FN(dw_block)(int tb, int ov, c
     for (int t = 0; t < tb; t++)
         for (int v = 0; v < ov; v++) memcpy(&acc[t][v], a->dw + t * a->ld + v * VL, TS_VEC_BYTES);
     for (int64_t oh = 0; oh < a->hout; oh++) {
-        const T *xr = a->x + oh * a->wp, *gr = a->g + oh * a->wout * a->ld;
+        const T *xr = a->x + oh * a->wp * FN(XS), *gr = a->g + oh * a->wout * a->ld;
         for (int64_t ow = 0; ow < a->wout; ow++) {
             FN(vec) gv[2];
             for (int v = 0; v < ov; v++) memcpy(&gv[v], gr + ow * a->ld + v * VL, TS_VEC_BYTES);
-            const T *xp = xr + ow;
+            const T *xp = xr + ow * FN(XS);
             for (int t = 0; t < tb; t++) {
-                T s = xp[a->toff[t]];
+                __typeof__(FN(xload)(xp, 0)) s = FN(xload)(xp, a->toff[t]);
                 for (int v = 0; v < ov; v++) acc[t][v] += gv[v] * s;
             }
         }
@@ -102,13 +116,19 @@ static void FN(dw_pick)(int m, int ov, const FN(dw_args) *a) {
     }
 }
 
-/* dst [cin][hp][wp] = src [cin][hin][win] with pc's zero padding. */
+/* dst [cin][hp][wp] = src [cin][hin][win] with pc's zero padding (with
+ * PACK_X each element repeated over a vector). */
 static void FN(pad)(const plane *pc, const T *src, T *dst) {
-    memset(dst, 0, sizeof(T) * (size_t)(pc->cin * pc->hp * pc->wp));
+    memset(dst, 0, sizeof(T) * (size_t)padded(pc, sizeof(T)));
     for (int64_t c = 0; c < pc->cin; c++)
-        for (int64_t h = 0; h < pc->hin; h++)
-            memcpy(dst + (c * pc->hp + h + pc->ph) * pc->wp + pc->pw, src + (c * pc->hin + h) * pc->win,
-                   sizeof(T) * (size_t)pc->win);
+        for (int64_t h = 0; h < pc->hin; h++) {
+            T *d = dst + ((c * pc->hp + h + pc->ph) * pc->wp + pc->pw) * FN(XS);
+            const T *s = src + (c * pc->hin + h) * pc->win;
+            if (FN(XS) == 1) memcpy(d, s, sizeof(T) * (size_t)pc->win);
+            else
+                for (int64_t w = 0; w < pc->win; w++)
+                    for (int l = 0; l < FN(XS); l++) d[w * FN(XS) + l] = s[w];
+        }
 }
 
 /* out [cout][hout][wout] of one padded image xp: each row covered by pixel
@@ -122,7 +142,7 @@ static void FN(plane_forward)(const plane *pc, const T *xp, const T *wt, const T
             int ov = pc->cpad - ob >= 2 * VL ? 2 : 1;
             for (int64_t ow = 0, m = 0; ow < pc->wout; ow += pix_menu[m]) {
                 while (pix_menu[m] > pc->wout - ow) m++;
-                FN(fwd_args) a = {xp + oh * pc->wp + ow, pc->toff, pc->ntap, wt + ob, pc->cpad, bias ? bias + ob : NULL,
+                FN(fwd_args) a = {xp + (oh * pc->wp + ow) * FN(XS), pc->toff, pc->ntap, wt + ob, pc->cpad, bias ? bias + ob : NULL,
                                   out + ob * L + oh * pc->wout + ow, L, pc->cout - ob};
                 FN(fwd_pick)((int)m, ov, &a);
             }
@@ -134,7 +154,7 @@ static void FN(plane_forward)(const plane *pc, const T *xp, const T *wt, const T
  * image per thread at a time; xp holds one padded image per thread. */
 static void FN(planes_forward)(const plane *pc, int64_t n, const T *in, const T *wt, const T *bias, T *out, T *xp) {
     int64_t per_in = pc->cin * pc->hin * pc->win, per_out = pc->cout * pc->hout * pc->wout;
-    int64_t per_pad = pc->cin * pc->hp * pc->wp;
+    int64_t per_pad = padded(pc, sizeof(T));
 #pragma omp parallel if (n * per_out * pc->ntap > DIRECT_OMP_MIN)
     {
         T *mine = xp + omp_get_thread_num() * per_pad;
@@ -172,13 +192,13 @@ static void FN(plane_dw)(const plane *pc, const T *xp, const T *gt, int64_t t0, 
 static void FN(weight_grad)(const plane *pc, int64_t n, int64_t groups, int64_t nthr, const T *x, const T *dout,
                             T *dw, T *scr) {
     int64_t L = pc->hout * pc->wout, per_in = pc->cin * pc->hin * pc->win, per_out = pc->cout * L;
-    int64_t part_n = pc->ntap * pc->cpad, per_thr = pc->cin * pc->hp * pc->wp + L * pc->cpad;
+    int64_t part_n = pc->ntap * pc->cpad, per_thr = padded(pc, sizeof(T)) + L * pc->cpad;
     int64_t blocks = (pc->ntap + TAP_BLOCK - 1) / TAP_BLOCK, chunks = (nthr + groups - 1) / groups;
     if (chunks > blocks) chunks = blocks;
     T *parts = scr;
 #pragma omp parallel if (n * per_out * pc->ntap > DIRECT_OMP_MIN)
     {
-        T *xp = scr + groups * part_n + omp_get_thread_num() * per_thr, *gt = xp + pc->cin * pc->hp * pc->wp;
+        T *xp = scr + groups * part_n + omp_get_thread_num() * per_thr, *gt = xp + padded(pc, sizeof(T));
 #pragma omp for schedule(static)
         for (int64_t item = 0; item < groups * chunks; item++) {
             int64_t gi = item / chunks, c = item % chunks;
