@@ -214,7 +214,7 @@ static ts_status ps_sq_norm(ts_strategy *s, double local, double *global) {
     return TS_OK;
 }
 
-/* Sync: applies the step at the shards and pulls its parameters. Reports
+/* Sync: applies the step at the shards, pulls its parameters and reports
  * the step to the scheduler (once per step, not again when replaying). */
 static ts_status ps_end_step(ts_strategy *s, int64_t step) {
     ps_strategy *d = (ps_strategy *)s;
@@ -231,8 +231,11 @@ static ts_status ps_end_step(ts_strategy *s, int64_t step) {
         }
     }
     /* the last step is reported by the node once the run, evaluation
-     * included, is over: the scheduler then ends the job */
-    if (!st && !s->finished && d->rollback_to < 0 && step > d->reported && step < s->trainer->total_steps) {
+     * included, is over: the scheduler then ends the job. Async workers
+     * report no other step: they are never all at one step, and a change
+     * of workers (a death, a join) waits for that at the scheduler */
+    if (!st && d->sync && !s->finished && d->rollback_to < 0 && step > d->reported &&
+        step < s->trainer->total_steps) {
         st = ts_member_step_done(s->member, step);
         d->reported = step;
     }

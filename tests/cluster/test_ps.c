@@ -243,7 +243,8 @@ static void test_join(void **state) {
 
 /* kill -9 of a worker (the leader): declared dead, the quorum shrinks, the
  * step in flight is computed again by the others, the next worker leads
- * (log, metrics, checkpoints) and the job finishes. */
+ * (log, metrics, checkpoints) and the job finishes; and of a worker of a
+ * bounded-staleness job. */
 static void test_kill_worker(void **state) {
     (void)state;
     const char *job = elastic_job("killw", "\"workers\": 3, \"min_workers\": 2");
@@ -266,6 +267,17 @@ static void test_kill_worker(void **state) {
     double loss[MAX_STEPS];
     assert_int_equal(read_losses(run, loss), 240); /* the metrics go on to the end */
     expect_accuracy(run, 240);
+    /* bounded staleness: the workers are never all at one step, yet the
+     * death is announced and the others stop waiting for the dead one */
+    const char *bounded = th_path("run-killw-bounded");
+    th_proc b = start_run("killw-bounded", job, bounded, "parallel.consistency=\"bounded\"", NULL);
+    th_expect_output(&b, "step 40/240", 30000);
+    victim = pid_of(&b, "worker", 4);
+    assert_true(victim > 0);
+    kill(victim, SIGKILL);
+    th_expect_output(&b, "world size 3 -> 2 workers", 20000);
+    finish_run(&b, 120000);
+    expect_accuracy(bounded, 240);
     assert_int_equal(th_leftovers(), 0);
 }
 
