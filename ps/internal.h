@@ -46,7 +46,8 @@ struct ts_shard {
     int64_t offset, len, numel;
     ts_optim_config optim;
     ts_optim_groups groups;
-    ts_tensor *params, *state, *sum; /* [len], [slots, len] or NULL, [len] */
+    ts_tensor *params, *state;       /* [len], [slots, len] or NULL */
+    float *sum;                      /* [len]: the gradient stepped; swapped with a staging, not copied */
     int64_t step, updates;
     int64_t saved_step;              /* step of the last checkpoint written, -1 none */
     ts_loader_pos pos;               /* data position after `step` */

@@ -48,9 +48,10 @@ ts_shard *ts_shard_create(const ts_shard_config *c, const ts_model *m) {
         int slots = ts_optim_state_slots(&s->optim);
         int64_t n = s->len ? s->len : 1;
         s->params = ts_tensor_from_data(TS_F32, 1, &n, ts_f32(m->flat_params) + s->offset);
-        s->sum = ts_tensor_zeros(TS_F32, 1, &n);
+        s->sum = calloc((size_t)n, sizeof *s->sum);
         s->state = slots ? ts_tensor_zeros(TS_F32, 2, (int64_t[]){slots, n}) : NULL;
-        if (!s->params || !s->sum || (slots && !s->state)) st = ts_last_status();
+        if (!s->params || (slots && !s->state)) st = ts_last_status();
+        else if (!s->sum) st = ts_error(TS_ERR_MEMORY, "ps: out of memory for %lld keys", (long long)n);
     }
     if (st) {
         ts_shard_free(s);
@@ -79,7 +80,7 @@ void ts_shard_free(ts_shard *s) {
     free(s->last_red);
     ts_tensor_release(s->params);
     ts_tensor_release(s->state);
-    ts_tensor_release(s->sum);
+    free(s->sum);
     ts_optim_groups_free(&s->groups);
     free(s->root);
     free(s);
@@ -437,10 +438,18 @@ static void maybe_checkpoint(ts_shard *s, int64_t before) {
     if (k > 0 && s->step / k != before / k) ts_shard_checkpoint(s);
 }
 
+/* Makes worker w's staging the gradient to step (s->sum), and the old sum
+ * its staging buffer: no copy. */
+static void take_staging(ts_shard *s, shard_worker *w) {
+    float *g = s->sum;
+    s->sum = w->stage;
+    w->stage = g;
+}
+
 /* One optimizer step over the shard's keys with gradient s->sum, clipped
  * by the global squared norm sq (clip_norm > 0), at learning rate lr. */
 static ts_status step_optimizer(ts_shard *s, double sq, double lr) {
-    float *g = ts_f32(s->sum);
+    float *g = s->sum;
     if (s->clip > 0) {
         double norm = sqrt(sq);
         if (!isfinite(norm))
@@ -471,31 +480,30 @@ static void try_decide(ts_shard *s) {
         live++;
     }
     if (!live) return;
-    float *sum = ts_f32(s->sum);
     double loss = 0, samples = 0;
     bool first = true;
     for (int i = 0; i < s->nw; i++) {
         shard_worker *w = &s->w[i];
         if (!w->live) continue;
         if (first) {
-            memcpy(sum, w->stage, (size_t)s->len * sizeof *sum);
+            take_staging(s, w);
             s->decided_lr = w->values[TS_COMMIT_LR];
             s->decided_pos = (ts_loader_pos){(int64_t)w->values[TS_COMMIT_EPOCH], (int64_t)w->values[TS_COMMIT_OFFSET]};
         } else {
-            for (int64_t k = 0; k < s->len; k++) sum[k] += w->stage[k];
+            for (int64_t k = 0; k < s->len; k++) s->sum[k] += w->stage[k];
         }
         first = false;
         loss += w->values[TS_COMMIT_LOSS_SUM];
         samples += w->values[TS_COMMIT_SAMPLES];
     }
-    if (live > 1) ts_clip_scale(sum, s->len, 1.0f / (float)live);
+    if (live > 1) ts_clip_scale(s->sum, s->len, 1.0f / (float)live);
     s->decided = true;
     s->decided_step = s->step + 1;
     s->decided_gen = s->wset_gen;
     double *v = s->decided_values;
     v[TS_DECIDED_LOSS_SUM] = loss;
     v[TS_DECIDED_SAMPLES] = samples;
-    v[TS_DECIDED_SQ_NORM] = ts_clip_sq_norm(sum, s->len);
+    v[TS_DECIDED_SQ_NORM] = ts_clip_sq_norm(s->sum, s->len);
     v[TS_DECIDED_WORKERS] = live;
     s->last_decided_step = s->decided_step;
     memcpy(s->last_decided, v, sizeof s->last_decided);
@@ -509,7 +517,7 @@ static void try_decide(ts_shard *s) {
 
 /* Async, bounded: applies w's gradient of its committed step at once. */
 static void apply_one(ts_shard *s, const ts_proto_identity *from, const ts_proto_msg *m, shard_worker *w) {
-    memcpy(ts_f32(s->sum), w->stage, (size_t)s->len * sizeof(float));
+    take_staging(s, w);
     ts_status st = step_optimizer(s, w->values[TS_COMMIT_SQ_NORM], w->values[TS_COMMIT_LR]);
     if (st) {
         refuse(s, from, m, TS_PROTO_E_INTERNAL, "%s", ts_last_error());
