@@ -20,10 +20,15 @@
  * 1 + k mod (N - 1), each bound to its node's address, so every byte
  * crosses n0's link; the table then also gives the bound that link sets.
  *
+ * A third column times the raw rounds without CURVE (plain TCP), to show
+ * what encryption costs: every byte is sealed by its sender and opened by
+ * its receiver.
+ *
  * usage: bench_ps [--numel N] [--shards 1,2,4] [--reps R] [--netsim NAME]
- *        bench_ps --echo KEY_FILE ADDRESS   (one echo server; used by the above)
+ *        bench_ps --echo KEY_FILE ADDRESS [plain]   (one echo server; used by the above)
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
@@ -97,10 +102,10 @@ static void stop(pid_t pid) {
 
 static void no_free(void *data, void *hint) { (void)data, (void)hint; }
 
-/* bench_ps --echo KEY ADDRESS: a CURVE ROUTER bound at ADDRESS that
- * answers every message with as many bytes; prints its endpoint, then
- * serves until killed. */
-static int echo_main(const char *key, const char *address) {
+/* bench_ps --echo KEY ADDRESS [plain]: a CURVE ROUTER (plain: without
+ * CURVE) bound at ADDRESS that answers every message with as many bytes in
+ * the same frames; prints its endpoint, then serves until killed. */
+static int echo_main(const char *key, const char *address, bool plain) {
     ts_secure_keys keys;
     void *ctx = zmq_ctx_new();
     if (ts_secure_load(key, &keys) || !ts_secure_zap_start(ctx, &keys)) return 1;
@@ -108,7 +113,8 @@ static int echo_main(const char *key, const char *address) {
     char ep[256], bind[300];
     size_t len = sizeof ep;
     snprintf(bind, sizeof bind, "tcp://%s:0", address);
-    if (ts_secure_server(s, &keys) || zmq_bind(s, bind) || zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, ep, &len)) return 1;
+    if ((!plain && ts_secure_server(s, &keys)) || zmq_bind(s, bind) || zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, ep, &len))
+        return 1;
     printf("listening %s\n", ep);
     fflush(stdout);
     unsigned char *reply = NULL;
@@ -144,7 +150,7 @@ typedef struct {
     void *buf;
 } raw_run;
 
-static int raw_start(raw_run *r, int n, size_t bytes) {
+static int raw_start(raw_run *r, int n, size_t bytes, bool plain) {
     ts_secure_keys keys;
     memset(r, 0, sizeof *r);
     r->n = n;
@@ -155,7 +161,7 @@ static int raw_start(raw_run *r, int n, size_t bytes) {
     if (ts_secure_load(key_path, &keys) || !r->buf) return 1;
     for (int i = 0; i < n; i++) {
         int node = netsim ? 1 + i % (netsim->n - 1) : 0;
-        char *args[] = {"bench_ps", "--echo", key_path, (char *)node_addr(node), NULL};
+        char *args[] = {"bench_ps", "--echo", key_path, (char *)node_addr(node), plain ? "plain" : NULL, NULL};
         FILE *out = NULL;
         r->pid[i] = spawn(node, "bench_ps", args, &out);
         char line[300], ep[256] = "";
@@ -164,7 +170,7 @@ static int raw_start(raw_run *r, int n, size_t bytes) {
         if (out) fclose(out);
         if (!ep[0]) return 1;
         r->sock[i] = zmq_socket(r->ctx, ZMQ_DEALER);
-        if (ts_secure_client(r->sock[i], &keys) || zmq_connect(r->sock[i], ep)) return 1;
+        if ((!plain && ts_secure_client(r->sock[i], &keys)) || zmq_connect(r->sock[i], ep)) return 1;
     }
     return 0;
 }
@@ -290,7 +296,7 @@ static void ps_stop(ps_run *r) {
 
 int main(int argc, char **argv) {
     ts_threads_passive(argv);
-    if (argc == 4 && !strcmp(argv[1], "--echo")) return echo_main(argv[2], argv[3]);
+    if ((argc == 4 || argc == 5) && !strcmp(argv[1], "--echo")) return echo_main(argv[2], argv[3], argc == 5);
     int64_t numel = 10000000;
     int reps = 9, shards[8] = {1, 2, 4}, nshards = 3;
     for (int i = 1; i < argc; i++) {
@@ -341,26 +347,32 @@ int main(int argc, char **argv) {
     else
         printf("push + pull of %lld floats (%.1f MB each way) over loopback, CURVE on both; median of %d rounds\n",
                (long long)keys, (double)keys * 4 / 1e6, reps);
-    printf("%6s  %10s %10s  %10s %10s  %8s\n", "shards", "raw ms", "raw GB/s", "ps ms", "ps GB/s", "ps/raw");
+    printf("%6s  %10s %10s  %10s %10s  %8s  %14s\n", "shards", "raw ms", "raw GB/s", "ps ms", "ps GB/s", "ps/raw",
+           "plain GB/s");
     for (int k = 0; k < nshards; k++) {
         int s = shards[k];
-        raw_run raw;
+        raw_run raw, plain;
         ps_run ps;
-        if (s < 1 || s > MAX_SHARDS || raw_start(&raw, s, (size_t)keys * 4 / (size_t)s) ||
+        size_t share = (size_t)keys * 4 / (size_t)s;
+        if (s < 1 || s > MAX_SHARDS || raw_start(&raw, s, share, false) || raw_start(&plain, s, share, true) ||
             ps_start(&ps, s, hidden, job_path))
             return fprintf(stderr, "bench_ps: cannot start %d shards\n", s), 1;
         double *tr = calloc((size_t)reps, sizeof *tr), *tp = calloc((size_t)reps, sizeof *tp);
+        double *tn = calloc((size_t)reps, sizeof *tn);
         for (int i = -2; i < reps; i++) {
-            double a = raw_round(&raw), b = ps_round(&ps);
-            if (i >= 0) tr[i] = a, tp[i] = b;
+            double a = raw_round(&raw), b = ps_round(&ps), c = raw_round(&plain);
+            if (i >= 0) tr[i] = a, tp[i] = b, tn[i] = c;
         }
         double mr = bench_upper_median(tr, (size_t)reps), mp = bench_upper_median(tp, (size_t)reps);
-        printf("%6d  %10.1f %10.3f  %10.1f %10.3f  %8.2f\n", s, mr, gb / (mr / 1e3), mp, gb / (mp / 1e3),
-               (gb / (mp / 1e3)) / (gb / (mr / 1e3)));
+        double mn = bench_upper_median(tn, (size_t)reps);
+        printf("%6d  %10.1f %10.3f  %10.1f %10.3f  %8.2f  %14.3f\n", s, mr, gb / (mr / 1e3), mp, gb / (mp / 1e3),
+               mr / mp, gb / (mn / 1e3));
         fflush(stdout);
         free(tr);
         free(tp);
+        free(tn);
         raw_stop(&raw);
+        raw_stop(&plain);
         ps_stop(&ps);
     }
     unlink(key_path);
