@@ -39,11 +39,11 @@ for model in mlp gpt; do
             { tail -20 "$tmp/local.log"; exit 1; }
         read -r ps_rate ps_ms push pull wait <<< "$(rate "$tmp/ps-$model-$r")"
         read -r local_rate local_ms _ <<< "$(rate "$tmp/local-$model-$r")"
-        # the leader's samples/s counts its own batch: the job does 2 workers' worth
-        ratio=$(/usr/bin/python3 -c "print('%.2f' % (2 * $ps_rate / $local_rate))")
+        # a sync job's leader logs the job's samples/s
+        ratio=$(/usr/bin/python3 -c "print('%.2f' % ($ps_rate / $local_rate))")
         ratios+=("$ratio")
         compute=$(/usr/bin/python3 -c "print('%.1f' % ($ps_ms - $push - $pull - $wait))")
-        echo "$model run $r: ps $(/usr/bin/python3 -c "print('%.0f' % (2 * $ps_rate))") samples/s" \
+        echo "$model run $r: ps $ps_rate samples/s" \
              "(step $ps_ms ms: compute $compute, push $push, pull $pull, wait $wait)," \
              "local $local_rate samples/s (step $local_ms ms): ps/local $ratio"
     done

@@ -8,8 +8,8 @@
  * step is computed in.
  *
  * sync: the commit waits until every live worker committed; the replies
- * carry the job's loss and the shards' partial squared norms of the
- * averaged gradient, whose sum is the norm the trainer logs and the shards
+ * carry the job's loss and samples (the log's samples/s are the job's) and
+ * the shards' partial squared norms of the averaged gradient, whose sum is the norm the trainer logs and the shards
  * clip by; then APPLY and the pull of the step. "redo" (the workers
  * changed before the step was decided) rewinds the loader to the step's
  * start, re-shards it and computes the step again; "behind" (a shard
@@ -184,7 +184,9 @@ static ts_status compute(ps_strategy *d, double *loss, int64_t *samples) {
         d->sq_norm = own;
         return ts_ps_client_pull(d->c, t->step + 1); /* the next step's parameters, fetched meanwhile */
     }
+    /* the job's: its loss and samples (the log's samples/s is the job's) */
     *loss = out[TS_DECIDED_SAMPLES] > 0 ? out[TS_DECIDED_LOSS_SUM] / out[TS_DECIDED_SAMPLES] : 0;
+    *samples = (int64_t)out[TS_DECIDED_SAMPLES];
     d->sq_norm = out[TS_DECIDED_SQ_NORM];
     return TS_OK;
 }
