@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "collective/mpi.h"
+#include "collective/ring.h"
+
 struct ts_comm_req {
     ts_comm *comm;
     ts_comm_op op;
@@ -27,12 +30,19 @@ struct ts_comm {
     ts_comm_req *head, *tail; /* queued, not yet running */
     int in_flight;            /* queued or running */
     bool stopping, thread_started;
+    _Atomic bool aborted;
     pthread_t thread;
     ts_status failed;         /* sticky: the first failure */
     char failed_message[1024];
 };
 
-static const ts_comm_backend *const backends[] = {&ts_comm_self_backend};
+static const ts_comm_backend *const backends[] = {
+    &ts_comm_self_backend,
+    &ts_comm_ring_backend,
+#if TESSERA_WITH_MPI
+    &ts_comm_mpi_backend,
+#endif
+};
 
 enum { N_BACKENDS = sizeof backends / sizeof backends[0] };
 
@@ -121,6 +131,18 @@ int ts_comm_size(const ts_comm *c) { return c->cfg.size; }
 uint64_t ts_comm_generation(const ts_comm *c) { return c->cfg.generation; }
 const ts_comm_config *ts_comm_config_of(const ts_comm *c) { return &c->cfg; }
 void *ts_comm_impl(const ts_comm *c) { return c->impl; }
+bool ts_comm_aborted(const ts_comm *c) { return c->aborted; }
+
+void ts_comm_abort(ts_comm *c) {
+    pthread_mutex_lock(&c->mu);
+    c->aborted = true;
+    if (!c->failed) {
+        c->failed = TS_ERR_STATE;
+        snprintf(c->failed_message, sizeof c->failed_message, "abandoned (generation %llu)",
+                 (unsigned long long)c->cfg.generation);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
 void ts_comm_set_impl(ts_comm *c, void *impl) { c->impl = impl; }
 
 /* ---- checks ---- */
@@ -189,7 +211,7 @@ static void *progress_main(void *arg) {
         } else {
             ts_clear_error();
             r->status = c->be->run(c, &r->op);
-            snprintf(r->message, sizeof r->message, "%s", r->status ? ts_last_error() : "");
+            if (r->status) snprintf(r->message, sizeof r->message, "%s: %.900s", what, ts_last_error());
         }
         pthread_mutex_lock(&c->mu);
         if (r->status && !c->failed) {

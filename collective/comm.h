@@ -75,7 +75,8 @@ typedef struct {
     const char *name;
     /* Sets up c->impl for c->cfg; the message names what failed. */
     ts_status (*open)(ts_comm *c);
-    /* Runs one checked operation to its end (on the progress thread). */
+    /* Runs one checked operation to its end (on the progress thread); the
+     * generic layer puts the operation's name and step before its message. */
     ts_status (*run)(ts_comm *c, const ts_comm_op *op);
     void (*close)(ts_comm *c);
 } ts_comm_backend;
@@ -108,6 +109,11 @@ ts_status ts_comm_start(ts_comm *c, const ts_comm_op *op, ts_comm_req **req);
  * status, with its message for this thread's ts_last_error(). */
 ts_status ts_comm_wait(ts_comm_req *req);
 
+/* Makes the operation in flight and every queued one fail soon (status
+ * TS_ERR_STATE, "abandoned"), e.g. when the generation changed under it;
+ * the communicator stays failed. Safe from any thread. */
+void ts_comm_abort(ts_comm *c);
+
 /* ts_comm_start + ts_comm_wait. */
 ts_status ts_comm_run(ts_comm *c, const ts_comm_op *op);
 
@@ -125,8 +131,10 @@ ts_status ts_comm_barrier(ts_comm *c);
 /* "allreduce", "send", ... */
 const char *ts_comm_kind_name(ts_comm_kind k);
 
-/* For backends: the communicator's config and private state. */
+/* For backends: the communicator's config and private state, and whether
+ * ts_comm_abort was called (a backend's run checks it while it waits). */
 const ts_comm_config *ts_comm_config_of(const ts_comm *c);
+bool ts_comm_aborted(const ts_comm *c);
 void *ts_comm_impl(const ts_comm *c);
 void ts_comm_set_impl(ts_comm *c, void *impl);
 

@@ -28,7 +28,7 @@ static ts_status self_run(ts_comm *c, const ts_comm_op *op) {
     case TS_COMM_BARRIER:
         return TS_OK;
     default:
-        return ts_error(TS_ERR_STATE, "%s: a communicator of one rank has no peer", ts_comm_kind_name(op->kind));
+        return ts_error(TS_ERR_STATE, "a communicator of one rank has no peer");
     }
 }
 

@@ -49,6 +49,8 @@
 #define TS_PROTO_REASON_MAX 511
 #define TS_PROTO_KEY_MAX 127
 #define TS_PROTO_PHASE_MAX 31
+/* Largest COLLECTIVE flow number ("cf"). */
+#define TS_PROTO_FLOW_MAX 255
 
 /* Default limits (ts_proto_limits_default). */
 #define TS_PROTO_DEFAULT_MAX_HEADER (64u * 1024u)
@@ -77,7 +79,7 @@ typedef enum {
     TS_MSG_PUSH = 32,        /* worker -> shard: gradients of step "s" for ranges "rg" */
     TS_MSG_PULL = 33,        /* worker -> shard: parameters of ranges "rg" at step >= "s" */
     TS_MSG_PULL_REPLY = 34,  /* shard -> worker: parameters at step "s", data position "ep"/"of" */
-    TS_MSG_COLLECTIVE = 35,
+    TS_MSG_COLLECTIVE = 35,  /* rank -> rank: "cs" sequence, "cf" flow, one range, 1 payload frame */
     TS_MSG_ACK = 40,         /* shard -> worker / backup -> primary: done (PUSH, ROLLBACK, forwards) */
     TS_MSG_COMMIT = 41,      /* worker -> shard: its pushes of step "s" are complete; 1 f64 frame */
     TS_MSG_COMMIT_REPLY = 42,/* shard -> worker: the step is decided; 1 f64 frame */
@@ -234,6 +236,11 @@ typedef struct {
     char phase[TS_PROTO_PHASE_MAX + 1];  /* "ph" e.g. "rendezvous", "running", "done" */
     uint32_t min_workers;                /* "mn" */
     uint32_t max_workers;                /* "mx" */
+
+    /* COLLECTIVE: one chunk of a communicator's operation; "rg" holds one
+     * range, the chunk's elements within the operation's buffer */
+    uint64_t sequence;                   /* "cs" the operation's number in its flow */
+    uint32_t flow;                       /* "cf" which stream of the sender it belongs to */
 } ts_proto_msg;
 
 /* What a receiver accepts. Zero-initialise, then use ts_proto_limits_default. */

@@ -75,7 +75,7 @@ typedef struct {
 enum {
     K_V, K_T, K_JOB, K_G, K_S, K_R, K_LN, K_DT, K_RG, K_RO, K_AD, K_CA, K_PR, K_RK,
     K_ROS, K_NS, K_HB, K_HT, K_BT, K_LB, K_BI, K_CO, K_RE, K_BK, K_FD, K_PH, K_MN,
-    K_MX, K_EP, K_OF, K_COUNT
+    K_MX, K_EP, K_OF, K_CS, K_CF, K_COUNT
 };
 
 static const field_desc FIELDS[K_COUNT] = {
@@ -109,6 +109,8 @@ static const field_desc FIELDS[K_COUNT] = {
     [K_MX] = {"mx", "max_workers", F_UINT, M(max_workers), 0, UINT32_MAX},
     [K_EP] = {"ep", "epoch", F_INT, M(epoch), 0, INT64_MAX},
     [K_OF] = {"of", "offset", F_INT, M(offset), 0, INT64_MAX},
+    [K_CS] = {"cs", "sequence", F_UINT, M(sequence), 0, UINT64_MAX},
+    [K_CF] = {"cf", "flow", F_UINT, M(flow), 0, TS_PROTO_FLOW_MAX},
 };
 
 /* A roster entry is a positional array with these elements. */
@@ -139,6 +141,7 @@ static const uint8_t *type_fields(uint32_t t, size_t *n) {
     static const uint8_t blob[] = {K_BK};
     static const uint8_t blob_reply[] = {K_BK, K_FD};
     static const uint8_t pull_reply[] = {K_EP, K_OF};
+    static const uint8_t collective[] = {K_CS, K_CF};
 #define LIST(a) (*n = sizeof a, a)
     switch (t) {
     case TS_MSG_JOIN: return LIST(join);
@@ -152,6 +155,7 @@ static const uint8_t *type_fields(uint32_t t, size_t *n) {
     case TS_MSG_BLOB_REPLY: return LIST(blob_reply);
     case TS_MSG_PULL_REPLY: return LIST(pull_reply);
     case TS_MSG_REDUCE: case TS_MSG_REDUCE_REPLY: return LIST(barrier);
+    case TS_MSG_COLLECTIVE: return LIST(collective);
     default: *n = 0; return NULL;
     }
 #undef LIST

@@ -43,6 +43,8 @@ static size_t fill(ts_proto_msg *m, uint32_t t, uint64_t *lens) {
     m->max_workers = 4;
     m->epoch = 2;
     m->offset = 4096;
+    m->sequence = 9;
+    m->flow = 1;
     if (t == TS_MSG_JOIN_ACK || t == TS_MSG_MEMBERSHIP || t == TS_MSG_STATUS_REPLY)
         ts_proto_msg_set_roster(m, roster, 2);
     if (t == TS_MSG_BLOB_PUT || t == TS_MSG_BLOB_REPLY) {

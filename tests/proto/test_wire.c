@@ -92,6 +92,8 @@ static void sample(ts_proto_msg *m, uint32_t t) {
         m->epoch = 3;
         m->offset = 1280;
         ts_proto_range rg[2] = {{0, 4}, {10, 2}};
+        m->sequence = 1u << 20;
+        m->flow = 1;
         m->dtype = TS_PROTO_DT_F32;
         assert_int_equal(ts_proto_msg_set_ranges(m, rg, 2), TS_OK);
         break;

@@ -1,0 +1,19 @@
+/* mpi.h - backend "mpi": the communicator over an MPI communicator, in
+ * processes started by mpirun (TESSERA_WITH_MPI builds only).
+ *
+ * ts_comm_create(&ts_comm_mpi_backend, cfg) with cfg.native pointing at
+ * the MPI_Comm whose rank and size are cfg.rank and cfg.size (MPI must be
+ * initialised with MPI_THREAD_MULTIPLE, or at least SERIALIZED, since the
+ * communicator's progress thread calls MPI). Operations are MPI's own,
+ * given up after the communicator's timeout (see comm_mpi.c).
+ */
+#ifndef TS_COLLECTIVE_MPI_H
+#define TS_COLLECTIVE_MPI_H
+
+#include "collective/comm.h"
+
+#if TESSERA_WITH_MPI
+extern const ts_comm_backend ts_comm_mpi_backend;
+#endif
+
+#endif

@@ -1,0 +1,166 @@
+/* test_ring.c - the ZeroMQ ring backend between real processes: every
+ * collective against a serial reference, N = 2, 3, 4 and 8 ranks, sizes
+ * from 1 element to 64 MiB (odd sizes included), f32 and bf16, over tcp
+ * and ipc; and a rank that dies mid-operation is named by the others
+ * within the timeout. Each rank is a forked process with its own port;
+ * endpoints meet through files in a temporary folder. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "collective/ring.h"
+#include "collective_check.h"
+#include "kernels/clock.h"
+#include "proto/secure.h"
+#include "../test_util.h"
+
+static char dir[256], key[300];
+
+/* Opens this rank's port, publishes its endpoint and builds the
+ * communicator once every rank published. */
+static ts_comm *join_ring(int r, int n, const char *transport, ts_ring_port **port, int timeout_ms) {
+    char ep[512], path[512];
+    if (strcmp(transport, "ipc") == 0) snprintf(ep, sizeof ep, "ipc://%s/port-%d", dir, r);
+    else snprintf(ep, sizeof ep, "tcp://127.0.0.1:0");
+    *port = ts_ring_port_open(ep, key, "ringtest");
+    CHECK(*port, "rank %d: port: %s", r, ts_last_error());
+    snprintf(path, sizeof path, "%s/ep-%d-%d.tmp", dir, n, r);
+    FILE *f = fopen(path, "w");
+    CHECK(f, "rank %d: cannot write %s", r, path);
+    fprintf(f, "%s", ts_ring_port_endpoint(*port));
+    fclose(f);
+    char done[512];
+    snprintf(done, sizeof done, "%s/ep-%d-%d", dir, n, r);
+    rename(path, done);
+    char *peers[8];
+    for (int p = 0; p < n; p++) {
+        snprintf(path, sizeof path, "%s/ep-%d-%d", dir, n, p);
+        for (int tries = 0; access(path, F_OK) != 0 && tries < 3000; tries++) usleep(2000);
+        f = fopen(path, "r");
+        CHECK(f, "rank %d: no endpoint from rank %d", r, p);
+        peers[p] = calloc(1, 512);
+        CHECK(fgets(peers[p], 512, f), "rank %d: empty endpoint of rank %d", r, p);
+        fclose(f);
+    }
+    ts_comm_config cfg = {.rank = r, .size = n, .generation = 1, .timeout_ms = timeout_ms,
+                          .peers = (const char *const *)peers, .native = *port};
+    ts_comm *c = ts_comm_create(&ts_comm_ring_backend, &cfg);
+    CHECK(c, "rank %d: communicator: %s", r, ts_last_error());
+    for (int p = 0; p < n; p++) free(peers[p]);
+    return c;
+}
+
+/* Forks n ranks running body(rank); fails unless all exit 0 within limit. */
+static void run_ranks(int n, void (*body)(int r, int n, const char *t), const char *transport) {
+    pid_t pids[8];
+    for (int r = 0; r < n; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            body(r, n, transport);
+            _exit(0);
+        }
+    }
+    int failed = 0;
+    for (int r = 0; r < n; r++) {
+        int status;
+        waitpid(pids[r], &status, 0);
+        failed += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    }
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -f %s/ep-*", dir);
+    if (system(cmd) != 0) fail_msg("cannot clean %s", dir);
+    assert_int_equal(failed, 0);
+}
+
+static void sizes_body(int r, int n, const char *transport) {
+    ts_ring_port *port;
+    ts_comm *c = join_ring(r, n, transport, &port, 20000);
+    static const int64_t counts[] = {1, 2, 7, 1001, 131075, 262147};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        check_all(c, r, n, counts[k], TS_F32);
+        check_all(c, r, n, counts[k], TS_BF16);
+    }
+    if (n <= 4) check_all(c, r, n, ((int64_t)16 << 20) + 3, TS_F32); /* 64 MiB + 12 bytes */
+    ts_comm_free(c);
+    ts_ring_port_close(port);
+}
+
+static void test_two(void **state) { (void)state; run_ranks(2, sizes_body, "tcp"); }
+static void test_three(void **state) { (void)state; run_ranks(3, sizes_body, "tcp"); }
+static void test_four_ipc(void **state) { (void)state; run_ranks(4, sizes_body, "ipc"); }
+
+static void small_body(int r, int n, const char *transport) {
+    ts_ring_port *port;
+    ts_comm *c = join_ring(r, n, transport, &port, 20000);
+    static const int64_t counts[] = {1, 9, 4099, 300001};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        check_all(c, r, n, counts[k], TS_F32);
+        check_all(c, r, n, counts[k], TS_BF16);
+    }
+    ts_comm_free(c);
+    ts_ring_port_close(port);
+}
+
+static void test_eight(void **state) { (void)state; run_ranks(8, small_body, "tcp"); }
+
+/* Rank 2 of 4 exits in the middle of a large allreduce: every other rank
+ * fails within the timeout with a message naming a rank and the step. */
+static void death_body(int r, int n, const char *transport) {
+    ts_ring_port *port;
+    ts_comm *c = join_ring(r, n, transport, &port, 3000);
+    int64_t count = (int64_t)8 << 20;
+    float *a = malloc((size_t)count * sizeof *a);
+    CHECK(a, "out of memory");
+    fill(a, TS_F32, r, count);
+    CHECK(!ts_comm_barrier(c), "rank %d: barrier: %s", r, ts_last_error());
+    if (r == 2) {
+        usleep(20000);
+        _exit(0); /* gone without a word, as after kill -9 */
+    }
+    ts_comm_op op = {.kind = TS_COMM_ALLREDUCE, .send = a, .recv = a, .count = count, .dtype = TS_F32,
+                     .op = TS_REDUCE_SUM, .step = 41};
+    double t0 = ts_clock_ms();
+    ts_status st = ts_comm_run(c, &op);
+    double dt = ts_clock_ms() - t0;
+    CHECK(st != TS_OK, "rank %d: the allreduce succeeded without rank 2", r);
+    CHECK(strstr(ts_last_error(), "allreduce (step 41)") && strstr(ts_last_error(), "rank "),
+          "rank %d: message does not name the op, step and a rank: %s", r, ts_last_error());
+    CHECK(dt < 3000 + 2000, "rank %d: failed after %.0f ms (timeout 3000)", r, dt);
+    fprintf(stderr, "rank %d after %.0f ms: %s\n", r, dt, ts_last_error());
+    /* a failed communicator stays failed */
+    CHECK(ts_comm_barrier(c) != TS_OK && strstr(ts_last_error(), "failed earlier"), "rank %d: not sticky: %s", r,
+          ts_last_error());
+    ts_comm_free(c);
+    ts_ring_port_close(port);
+    free(a);
+}
+
+static void test_death(void **state) { (void)state; run_ranks(4, death_body, "tcp"); }
+
+static int setup(void **state) {
+    (void)state;
+    if (tu_make_tmp_dir(dir, sizeof dir, "tessera_ring") != 0) return -1;
+    snprintf(key, sizeof key, "%s/job.key", dir);
+    return ts_secure_keygen(key, NULL) == TS_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    return tu_remove_dir(dir);
+}
+
+int main(int argc, char **argv) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_two),   cmocka_unit_test(test_three), cmocka_unit_test(test_four_ipc),
+        cmocka_unit_test(test_eight), cmocka_unit_test(test_death),
+    };
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
