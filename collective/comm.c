@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "collective/mpi.h"
 #include "collective/ring.h"
@@ -261,6 +262,21 @@ ts_status ts_comm_wait(ts_comm_req *r) {
     if (st) ts_error(st, "%s", r->message);
     free(r);
     return st;
+}
+
+ts_status ts_comm_wait_ms(ts_comm_req *r, int ms, bool *done) {
+    ts_comm *c = r->comm;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    long long ns = until.tv_nsec + (long long)ms * 1000000LL;
+    until.tv_sec += (time_t)(ns / 1000000000LL);
+    until.tv_nsec = (long)(ns % 1000000000LL);
+    pthread_mutex_lock(&c->mu);
+    while (!r->done && pthread_cond_timedwait(&c->cv, &c->mu, &until) == 0) {
+    }
+    *done = r->done;
+    pthread_mutex_unlock(&c->mu);
+    return *done ? ts_comm_wait(r) : TS_OK;
 }
 
 ts_status ts_comm_run(ts_comm *c, const ts_comm_op *op) {

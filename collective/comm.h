@@ -109,6 +109,12 @@ ts_status ts_comm_start(ts_comm *c, const ts_comm_op *op, ts_comm_req **req);
  * status, with its message for this thread's ts_last_error(). */
 ts_status ts_comm_wait(ts_comm_req *req);
 
+/* Waits at most ms for the operation of req: when it ended, *done is set
+ * and the result is ts_comm_wait's (req is freed); otherwise *done is
+ * false, TS_OK is returned and req stays valid, so that a caller can look
+ * at other things (a new generation) while it waits. */
+ts_status ts_comm_wait_ms(ts_comm_req *req, int ms, bool *done);
+
 /* Makes the operation in flight and every queued one fail soon (status
  * TS_ERR_STATE, "abandoned"), e.g. when the generation changed under it;
  * the communicator stays failed. Safe from any thread. */

@@ -176,11 +176,27 @@ static ts_status mpi_run(ts_comm *c, const ts_comm_op *op) {
     }
 }
 
+ts_status ts_comm_mpi_place(void *mpi_comm, int *rank, int *size) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) return ts_error(TS_ERR_STATE, "communicator mpi: MPI is not initialised (not under mpirun?)");
+    MPI_Comm_rank(*(MPI_Comm *)mpi_comm, rank);
+    MPI_Comm_size(*(MPI_Comm *)mpi_comm, size);
+    return TS_OK;
+}
+
 const ts_comm_backend ts_comm_mpi_backend = {
     .name = "mpi",
     .open = mpi_open,
     .run = mpi_run,
     .close = mpi_close,
 };
+
+#else
+
+ts_status ts_comm_mpi_place(void *mpi_comm, int *rank, int *size) {
+    (void)mpi_comm, (void)rank, (void)size;
+    return ts_error(TS_ERR_UNSUPPORTED, "communicator mpi: this build has no MPI (TESSERA_WITH_MPI=OFF)");
+}
 
 #endif

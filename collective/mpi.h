@@ -16,4 +16,8 @@
 extern const ts_comm_backend ts_comm_mpi_backend;
 #endif
 
+/* This process's rank in the MPI_Comm at mpi_comm and its size, for
+ * filling a ts_comm_config; TS_ERR_UNSUPPORTED in builds without MPI. */
+ts_status ts_comm_mpi_place(void *mpi_comm, int *rank, int *size);
+
 #endif

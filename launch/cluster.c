@@ -69,6 +69,8 @@ void ts_cluster_scheduler_args(ts_argv *a, const ts_job *job,
     ts_argv_pushf(a, "--heartbeat-timeout-ms=%d", p->heartbeat_timeout_ms);
     ts_argv_pushf(a, "--barrier-timeout-ms=%d", p->barrier_timeout_ms);
     ts_argv_pushf(a, "--steps=%lld", (long long)job->steps);
+    /* stand-in workers meet at barriers; the others resynchronise */
+    ts_argv_pushf(a, "--change-at-boundary=%d", p->strategy == TS_STRATEGY_STANDIN);
 }
 
 void ts_cluster_node_args(ts_argv *a, const char *addr, const char *key_file,

@@ -86,10 +86,9 @@ static void public_endpoint(const char *bound, char *out, size_t cap) {
 
 int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
                   char **argv) {
-    if (o->job.parallel.strategy != TS_STRATEGY_STANDIN && o->job.parallel.strategy != TS_STRATEGY_PS) {
-        fprintf(stderr, "tessera-run --mpi: %s: strategy \"%s\" does not run under "
-                        "mpirun (\"standin\" and \"ps\" do)\n",
-                o->job_path, ts_job_strategy_name(o->job.parallel.strategy));
+    if (o->job.parallel.strategy == TS_STRATEGY_LOCAL) {
+        fprintf(stderr, "tessera-run --mpi: %s: strategy \"local\" trains in one process; "
+                        "choose a parallel strategy (standin, ps, ddp)\n", o->job_path);
         return 2;
     }
     int threads; /* a strategy may call MPI from its communication thread */
@@ -194,6 +193,10 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
                             "under %s: %s\n", rank, dir, strerror(errno));
     }
     free(key);
+    /* each role's processes in a communicator of their own (the workers'
+     * all-reduces, for strategies that use MPI) */
+    MPI_Comm group;
+    MPI_Comm_split(MPI_COMM_WORLD, (int)mine, rank, &group);
 
     int code = 1;
     if (rank == root) {
@@ -208,13 +211,14 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
         char run_dir[TS_JOB_PATH_MAX + 16];
         ts_worker_run_dir(&job, NULL, run_dir, sizeof run_dir);
         ts_worker_options wo = {.job = &job, .scheduler = endpoint, .key_file = key_path, .rank = -1,
-                                .run_dir = run_dir, .prog = "tessera-run --mpi"};
+                                .run_dir = run_dir, .prog = "tessera-run --mpi", .mpi_comm = &group};
         code = ts_worker_run(&wo);
     }
     if (made_dir) {
         unlink(key_path);
         rmdir(dir);
     }
+    MPI_Comm_free(&group);
     MPI_Finalize();
     return code;
 }

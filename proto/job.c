@@ -44,9 +44,10 @@ typedef struct field {
     const struct field *children;  /* FIELD_SECTION, {0}-terminated */
 } field;
 
-static const char *const strategy_names[] = {"local", "standin", "ps", NULL};
+static const char *const strategy_names[] = {"local", "standin", "ps", "ddp", NULL};
 static const char *const consistency_names[] = {"sync", "async", "bounded", NULL};
 static const char *const wire_dtype_names[] = {"f32", "bf16", NULL};
+static const char *const transport_names[] = {"tcp", "ipc", NULL};
 
 static const char name_charset[] =
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-";
@@ -88,6 +89,8 @@ static const field parallel_fields[] = {
     STRING_FIELD("bind", parallel.bind, "\"127.0.0.1\"", 1, NULL),
     STRING_FIELD("key_file", parallel.key_file, "\"\"", 0, NULL),
     INTS_FIELD("placement", parallel.placement, "[]", 0, 255),
+    REAL_FIELD("bucket_mb", parallel.bucket_mb, "25", 0.0001, 4096),
+    ENUM_FIELD("transport", parallel.transport, "\"tcp\"", transport_names),
     {0},
 };
 

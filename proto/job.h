@@ -26,6 +26,7 @@ typedef enum {
     TS_STRATEGY_LOCAL = 0, /* training in one process (issue 4) */
     TS_STRATEGY_STANDIN,   /* replicas in lock step: step-done + barrier */
     TS_STRATEGY_PS,        /* parameter servers: workers push and pull (issue 13) */
+    TS_STRATEGY_DDP,       /* all-reduce data parallelism (issue 14) */
 } ts_job_strategy;
 
 /* When a parameter server applies pushed gradients (parallel.consistency). */
@@ -34,6 +35,12 @@ typedef enum {
     TS_CONSISTENCY_ASYNC,    /* each worker's push as it arrives */
     TS_CONSISTENCY_BOUNDED,  /* as async, no worker more than staleness steps ahead */
 } ts_job_consistency;
+
+/* What gradients travel as (parallel.wire_dtype). */
+typedef enum { TS_WIRE_F32, TS_WIRE_BF16 } ts_job_wire_dtype;
+
+/* How workers of one host reach each other (parallel.transport). */
+typedef enum { TS_TRANSPORT_TCP, TS_TRANSPORT_IPC } ts_job_transport;
 
 enum { TS_JOB_NAME_MAX = 64, TS_JOB_BIND_MAX = 256, TS_JOB_PATH_MAX = 1024 };
 
@@ -57,11 +64,13 @@ typedef struct {
     ts_job_consistency consistency; /* strategy "ps" */
     int staleness;            /* bounded: steps a worker may run ahead */
     int ps_replicas;          /* processes per shard: 1, or 2 (primary + backup) */
-    int wire_dtype;           /* gradients on the wire: 0 f32, 1 bf16 */
+    ts_job_wire_dtype wire_dtype; /* gradients on the wire (ps, ddp) */
     char bind[TS_JOB_BIND_MAX];         /* host/interface to bind */
     char key_file[TS_JOB_PATH_MAX];     /* "" = tessera-run generates one */
     ts_job_ints placement;    /* virtual-cluster node of the scheduler, each ps,
                                  each worker (cycled); empty = round robin */
+    double bucket_mb;                   /* ddp: gradient bucket size (MiB) */
+    ts_job_transport transport;         /* tcp, or ipc for one-host jobs */
 } ts_job_parallel;
 
 /* Strategy "standin" (worker/strategy_standin.c): workers train their own

@@ -21,6 +21,10 @@ static const char USAGE[] =
     "  --barrier-timeout-ms N     barrier deadline (default 30000)\n"
     "  --rendezvous-timeout-ms N  deadline for the minimum to join (default 60000)\n"
     "  --steps N                  steps of the job, 0 = until SIGTERM (default 0)\n"
+    "  --change-at-boundary 0|1   1: a join or death starts a generation only once\n"
+    "                             every worker reported the same step (workers in\n"
+    "                             lock step by barriers); 0: at once, for workers\n"
+    "                             that resynchronise themselves (default 1)\n"
     "The first stdout line is \"listening ENDPOINT\" with the bound endpoint.\n";
 
 const char *ts_sched_config_usage(void) { return USAGE; }
@@ -47,6 +51,7 @@ static const opt_spec OPTS[] = {
     {"--barrier-timeout-ms", OPT_INT, OFF(barrier_timeout_ms), 1, 86400000},
     {"--rendezvous-timeout-ms", OPT_INT, OFF(rendezvous_timeout_ms), 1, 86400000},
     {"--steps", OPT_LL, OFF(steps), 0, (long long)1 << 62},
+    {"--change-at-boundary", OPT_INT, OFF(change_at_boundary), 0, 1},
 };
 #undef OFF
 
@@ -112,6 +117,7 @@ ts_status ts_sched_config_parse(int argc, char **argv, ts_sched_config *cfg, int
     cfg->heartbeat_timeout_ms = 5000;
     cfg->barrier_timeout_ms = 30000;
     cfg->rendezvous_timeout_ms = 60000;
+    cfg->change_at_boundary = 1;
     *help = 0;
 
     for (int i = 1; i < argc; i++) {

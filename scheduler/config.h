@@ -24,6 +24,7 @@ typedef struct {
     int barrier_timeout_ms;          /* barrier not reached -> error */
     int rendezvous_timeout_ms;       /* minimum not joined -> job fails */
     long long steps;                 /* steps of the job, 0 = until SIGTERM */
+    int change_at_boundary;          /* 1: generations start at step boundaries only */
 } ts_sched_config;
 
 /* Parses argv[1..argc-1] into *cfg. Sets *help when --help was given (cfg is

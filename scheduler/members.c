@@ -235,7 +235,7 @@ void sched_advance(ts_sched *s)
 {
     if (s->phase != PHASE_RUNNING || s->stopping)
         return;
-    if (s->change_pending && (!s->workers_changed || at_step_boundary(s))) {
+    if (s->change_pending && (!s->workers_changed || !s->cfg.change_at_boundary || at_step_boundary(s))) {
         s->generation++;
         int64_t step = sched_job_step(s);
         admit_role(s, TS_ROLE_PS, (size_t)s->cfg.servers, step);

@@ -42,12 +42,13 @@ static char *job_text(const ts_job *job) {
 /* Joins the job at o->scheduler. A restarted worker may ask for its old
  * rank before the scheduler has declared its old process dead (the job
  * looks full): it asks again until that must have happened. */
-static ts_member *join(const ts_worker_options *o) {
+static ts_member *join(const ts_worker_options *o, const char *address) {
     const ts_job_parallel *p = &o->job->parallel;
     ts_member_options opt = {.scheduler = o->scheduler,
                              .job = o->job->name,
                              .key_file = o->key_file,
                              .role = TS_ROLE_WORKER,
+                             .address = address[0] ? address : NULL,
                              .caps = ts_job_strategy_name(p->strategy),
                              .prev_rank = o->rank,
                              .timeout_ms = p->join_timeout_ms};
@@ -101,13 +102,21 @@ int ts_worker_run(const ts_worker_options *o) {
         fprintf(stderr, "%s: %s\n", o->prog, ts_last_error());
         return 1;
     }
-    ts_member *m = NULL;
-    if (o->scheduler && !(m = join(o))) return 1;
-    ts_strategy_options so = {.name = ts_job_strategy_name(o->job->parallel.strategy), .member = m,
-                              .key_file = o->key_file};
+    ts_strategy_options so = {.job = o->job, .in_job = o->scheduler != NULL, .key_file = o->key_file,
+                              .mpi_comm = o->mpi_comm};
     ts_strategy *s = ts_strategy_create(&so);
-    char *text = s ? job_text(o->job) : NULL;
-    ts_trainer *t = s ? ts_trainer_create(o->job, text, o->run_dir, o->resume, s) : NULL;
+    ts_member *m = NULL;
+    if (!s) {
+        fprintf(stderr, "%s: %s\n", o->prog, ts_last_error());
+        return 1;
+    }
+    if (o->scheduler && !(m = join(o, s->address))) {
+        ts_strategy_free(s);
+        return 1;
+    }
+    s->member = m;
+    char *text = job_text(o->job);
+    ts_trainer *t = ts_trainer_create(o->job, text, o->run_dir, o->resume, s);
     free(text);
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);

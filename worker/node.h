@@ -31,6 +31,7 @@ typedef struct {
     bool resume;           /* continue from the run folder's newest checkpoint */
     bool force;            /* skip the memory check (worker/fit.h) */
     const char *prog;      /* program name for messages */
+    void *mpi_comm;        /* the workers' MPI_Comm * under mpirun, else NULL */
 } ts_worker_options;
 
 /* The run folder: given, else the job's train.run_dir, else runs/<name>

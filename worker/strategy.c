@@ -6,47 +6,37 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The strategies of this build; cluster ones need a membership. */
+/* The strategies of this build, in the order of ts_job_strategy; cluster
+ * ones run only in a job. */
 static const struct {
-    const char *name;
     ts_strategy *(*make)(const ts_strategy_options *o);
     bool cluster;
 } strategies[] = {
-    {"local", ts_strategy_local_new, false},
-    {"standin", ts_strategy_standin_new, true},
-    {"ps", ts_strategy_ps_new, true},
+    [TS_STRATEGY_LOCAL] = {ts_strategy_local_new, false},
+    [TS_STRATEGY_STANDIN] = {ts_strategy_standin_new, true},
+    [TS_STRATEGY_PS] = {ts_strategy_ps_new, true},
+    [TS_STRATEGY_DDP] = {ts_strategy_ddp_new, true},
 };
 
 enum { N_STRATEGIES = sizeof strategies / sizeof strategies[0] };
 
-const char *ts_strategy_names(void) {
-    static char names[256];
-    if (!names[0])
-        for (int i = 0; i < N_STRATEGIES; i++)
-            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
-                     strategies[i].name);
-    return names;
-}
-
 ts_strategy *ts_strategy_create(const ts_strategy_options *o) {
-    for (int i = 0; i < N_STRATEGIES; i++) {
-        if (strcmp(o->name, strategies[i].name) != 0) continue;
-        if (strategies[i].cluster && !o->member) {
-            ts_error(TS_ERR_VALUE, "strategy \"%s\" runs in a job's cluster: start it with tessera-run or join a "
-                                   "scheduler (--scheduler)", o->name);
-            return NULL;
-        }
-        if (!strategies[i].cluster && o->member) {
-            ts_error(TS_ERR_VALUE, "strategy \"%s\" trains in one process: run it without a scheduler", o->name);
-            return NULL;
-        }
-        ts_strategy *s = strategies[i].make(o);
-        if (s) s->member = o->member;
-        return s;
+    ts_job_strategy k = o->job->parallel.strategy;
+    const char *name = ts_job_strategy_name(k);
+    if ((unsigned)k >= N_STRATEGIES || !strategies[k].make) {
+        ts_error(TS_ERR_UNSUPPORTED, "parallel.strategy: \"%s\" is not built into this worker", name);
+        return NULL;
     }
-    ts_error(TS_ERR_VALUE, "parallel.strategy: unknown strategy \"%s\" (this build has %s)", o->name,
-             ts_strategy_names());
-    return NULL;
+    if (strategies[k].cluster && !o->in_job) {
+        ts_error(TS_ERR_VALUE, "strategy \"%s\" runs in a job's cluster: start it with tessera-run or join a "
+                               "scheduler (--scheduler)", name);
+        return NULL;
+    }
+    if (!strategies[k].cluster && o->in_job) {
+        ts_error(TS_ERR_VALUE, "strategy \"%s\" trains in one process: run it without a scheduler", name);
+        return NULL;
+    }
+    return strategies[k].make(o);
 }
 
 void ts_strategy_free(ts_strategy *s) {

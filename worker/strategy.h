@@ -45,6 +45,7 @@
 #include "kernels/nn/models.h"
 #include "kernels/optim/optim.h"
 #include "membership/member.h"
+#include "proto/job.h"
 
 typedef struct ts_trainer ts_trainer;
 typedef struct ts_strategy ts_strategy;
@@ -68,7 +69,6 @@ typedef struct {
 } ts_comm_times;
 
 typedef struct {
-    const char *name;
     ts_status (*units)(ts_strategy *s, const ts_model_spec *spec, int *first, int *end);
     ts_status (*attach)(ts_strategy *s);
     ts_status (*begin_step)(ts_strategy *s, int64_t step);
@@ -89,33 +89,35 @@ struct ts_strategy {
     ts_group group;      /* the trainer reads it after begin_step */
     bool finished;       /* the job ended for this process (the scheduler shut
                           * it down): the loop stops without a step */
-    ts_member *member;   /* the job's scheduler client; NULL in a local run */
+    char address[TS_PROTO_ADDR_MAX + 1]; /* where peers reach this process,
+                          * announced when it joins ("" none) */
+    ts_member *member;   /* the job's scheduler client (set after the join,
+                          * before ts_trainer_create); NULL in a local run */
     ts_trainer *trainer; /* set by ts_trainer_create before any hook */
     ts_comm_times times; /* the step's, zeroed by the trainer before begin_step */
 };
 
 /* What a node needs to make its strategy. */
 typedef struct {
-    const char *name;  /* parallel.strategy: "local", "standin", ... */
-    ts_member *member; /* NULL: a local run (only "local" accepts it) */
-    const char *key_file; /* with member: the job key file */
+    const ts_job *job;     /* parallel.strategy, bind host, transport, ... */
+    bool in_job;           /* the process joins a job's scheduler */
+    const char *key_file;  /* the job key (in a job) */
+    void *mpi_comm;        /* the workers' MPI_Comm * under mpirun, else NULL */
 } ts_strategy_options;
 
-/* Makes the strategy called o->name; an unknown name is an error listing
- * the strategies of this build; one that needs a job's membership refuses
- * a NULL member. Free with ts_strategy_free. */
+/* Makes the job's strategy (parallel.strategy); one that runs in a job's
+ * cluster refuses a process that does not join one and the other way
+ * round. Free with ts_strategy_free. */
 ts_strategy *ts_strategy_create(const ts_strategy_options *o);
 
 /* Calls s->ops->free; NULL is fine. */
 void ts_strategy_free(ts_strategy *s);
 
-/* The strategies of this build, ", "-separated, for messages. */
-const char *ts_strategy_names(void);
-
 /* The constructors of ts_strategy_create's table (strategy_<name>.c). */
 ts_strategy *ts_strategy_local_new(const ts_strategy_options *o);
 ts_strategy *ts_strategy_standin_new(const ts_strategy_options *o);
 ts_strategy *ts_strategy_ps_new(const ts_strategy_options *o);
+ts_strategy *ts_strategy_ddp_new(const ts_strategy_options *o);
 
 /* For cluster strategies: takes the generation the scheduler announced
  * since the last call (the first call: the join's) and returns whether

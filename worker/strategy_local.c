@@ -135,7 +135,6 @@ ts_status ts_strategy_load_whole(ts_strategy *s, const char *dir) {
 static void local_free(ts_strategy *s) { free(s); }
 
 static const ts_strategy_ops local_ops = {
-    .name = "local",
     .units = ts_strategy_all_units,
     .attach = local_attach,
     .begin_step = local_begin_step,

@@ -300,21 +300,8 @@ ts_strategy *ts_strategy_ps_new(const ts_strategy_options *o) {
     d->base.ops = &ps_ops;
     d->key_file = o->key_file;
     d->have = d->reported = d->reduce_step = d->rollback_to = -1;
-    /* the loader is made before attach: shard it by the join's roster */
-    ts_proto_member *r = NULL;
-    size_t n = 0;
-    uint64_t g = 0;
-    ts_member_info info;
-    ts_member_info_get(o->member, &info);
-    int index = -1, workers = 0;
-    if (ts_member_roster(o->member, &r, &n, &g) == TS_OK)
-        for (size_t i = 0; i < n; i++) {
-            if (r[i].role != TS_ROLE_WORKER || !r[i].alive) continue;
-            index += r[i].rank <= info.rank;
-            workers++;
-        }
-    free(r);
-    d->base.group = (ts_group){.rank = index < 0 ? 0 : index, .world = workers ? workers : 1, .generation = g,
-                               .leader = index == 0};
+    /* the loader is made before the join: shard it for the job's workers
+     * (its steps per epoch), attach takes the live group */
+    d->base.group = (ts_group){.rank = 0, .world = o->job->parallel.workers};
     return &d->base;
 }

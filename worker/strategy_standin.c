@@ -87,7 +87,6 @@ static ts_status standin_save(ts_strategy *s, char *path, size_t cap) {
 static void standin_free(ts_strategy *s) { free(s); }
 
 static const ts_strategy_ops standin_ops = {
-    .name = "standin",
     .units = ts_strategy_all_units,
     .attach = standin_attach,
     .begin_step = standin_begin_step,

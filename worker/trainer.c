@@ -315,6 +315,12 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s) {
     if (st || sg->finished) return st;
     st = ts_trainer_follow_group(t);
     if (!st) st = sg->ops->grads(sg, &s->loss, &samples);
+    /* a strategy that adopted a peer's later state may have reached the end */
+    if (!st && t->step >= t->total_steps) {
+        memset(s, 0, sizeof *s);
+        s->step = t->step;
+        return TS_OK;
+    }
     if (!st) st = ts_trainer_apply(t, &s->lr, &s->grad_norm);
     if (!st) st = sg->ops->end_step(sg, t->step);
     if (st) return st;

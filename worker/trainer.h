@@ -93,8 +93,8 @@ ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples);
  * the strategy), steps the optimizer on them and advances t->step. */
 ts_status ts_trainer_apply(ts_trainer *t, double *lr, double *grad_norm);
 
-/* Follows the strategy's group: a new (rank, world) re-shards the loader at
- * the same position of the epoch (the trainer does it after begin_step). */
+/* Re-shards the loader, at the same position of the epoch, to the
+ * strategy's group when its (rank, world) changed since the last call. */
 ts_status ts_trainer_follow_group(ts_trainer *t);
 
 /* One step through the strategy (begin_step, grads, apply, end_step), timed. */

@@ -211,6 +211,26 @@ pid_t th_child(pid_t parent, const char *comm, int nth) {
     return nth < n ? kids[nth] : -1;
 }
 
+int th_losses(const char *run_dir, double *loss, int max) {
+    char path[4200], line[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    FILE *f = fopen(path, "r");
+    int last = 0;
+    for (int i = 0; i <= max; i++) loss[i] = 0;
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f)) {
+        int step;
+        double l;
+        if (sscanf(line, "{\"kind\":\"step\",\"step\":%d,\"loss\":%lf", &step, &l) == 2 && step >= 1 &&
+            step <= max) {
+            loss[step] = l;
+            if (step > last) last = step;
+        }
+    }
+    fclose(f);
+    return last;
+}
+
 int th_leftovers(void) {
     sleep_ms(500);
     pid_t kids[256];

@@ -54,6 +54,10 @@ int th_count(const th_proc *p, const char *needle);
  * name is comm (e.g. "tessera-worker"); -1 when there is none. */
 pid_t th_child(pid_t parent, const char *comm, int nth);
 
+/* The loss of each step logged in run_dir/metrics.jsonl into loss[step]
+ * (steps 1..max; 0 where absent); returns the highest step read. */
+int th_losses(const char *run_dir, double *loss, int max);
+
 /* Reaps every process re-parented to the test (not the th_proc ones) and
  * returns how many there were, waiting up to 500 ms for stragglers. */
 int th_leftovers(void);
