@@ -34,15 +34,45 @@
 
 enum { FLOW_NEXT = 0, FLOW_PREV = 1, FLOW_PAIR = 2 };
 
+/* A chunk that arrived before its operation (or its generation), kept. */
+typedef struct stashed {
+    struct stashed *next;
+    uint64_t generation;
+    int32_t from;
+    uint32_t flow;
+    uint64_t seq, lo, n;
+    void *data;
+    size_t size;
+} stashed;
+
 struct ts_ring_port {
     void *ctx, *in;
     ts_secure_zap *zap;
     ts_secure_keys keys;
     char job[TS_PROTO_JOB_MAX + 1];
     char endpoint[TS_PROTO_ADDR_MAX + 1];
+    /* chunks kept for a later operation: the port outlives a generation's
+     * communicator, and a peer may start the next generation first */
+    stashed *stash;
+    size_t stash_bytes;
 };
 
 /* ---- the port ---- */
+
+/* Drops the kept chunks of generations before g (all: g = UINT64_MAX). */
+static void drop_kept(ts_ring_port *p, uint64_t g) {
+    for (stashed **q = &p->stash; *q;) {
+        stashed *x = *q;
+        if (x->generation >= g) {
+            q = &x->next;
+            continue;
+        }
+        *q = x->next;
+        p->stash_bytes -= x->size;
+        free(x->data);
+        free(x);
+    }
+}
 
 ts_ring_port *ts_ring_port_open(const char *endpoint, const char *key_file, const char *job) {
     ts_ring_port *p = calloc(1, sizeof *p);
@@ -83,6 +113,7 @@ const char *ts_ring_port_endpoint(const ts_ring_port *p) { return p->endpoint; }
 
 void ts_ring_port_close(ts_ring_port *p) {
     if (!p) return;
+    drop_kept(p, UINT64_MAX);
     if (p->in) zmq_close(p->in);
     ts_secure_zap_stop(p->zap);
     if (p->ctx) zmq_ctx_term(p->ctx);
@@ -90,16 +121,6 @@ void ts_ring_port_close(ts_ring_port *p) {
 }
 
 /* ---- a communicator's state ---- */
-
-/* A chunk that arrived before its operation, kept aside. */
-typedef struct stashed {
-    struct stashed *next;
-    int32_t from;
-    uint32_t flow;
-    uint64_t seq, lo, n;
-    void *data;
-    size_t size;
-} stashed;
 
 typedef struct {
     ts_ring_port *port;
@@ -109,8 +130,6 @@ typedef struct {
     ts_proto_limits lim;
     uint64_t coll_seq;        /* collectives run so far */
     uint64_t *sent, *recvd;   /* pair streams: messages sent to / received from each peer */
-    stashed *stash;
-    size_t stash_bytes;
 } ring;
 
 /* The wire dtype of a tensor dtype. */
@@ -163,16 +182,6 @@ static void *out_socket(ts_comm *c, ring *rg, int peer) {
     return s;
 }
 
-static void free_stash(ring *rg) {
-    while (rg->stash) {
-        stashed *x = rg->stash;
-        rg->stash = x->next;
-        free(x->data);
-        free(x);
-    }
-    rg->stash_bytes = 0;
-}
-
 static void ring_close(ts_comm *c) {
     ring *rg = ts_comm_impl(c);
     if (!rg) return;
@@ -180,7 +189,6 @@ static void ring_close(ts_comm *c) {
         if (rg->out[i]) zmq_close(rg->out[i]);
         if (rg->mon[i]) zmq_close(rg->mon[i]);
     }
-    free_stash(rg);
     free(rg->out);
     free(rg->mon);
     free(rg->gone);
@@ -216,6 +224,7 @@ static ts_status ring_open(ts_comm *c) {
     rg->lim.max_roster = 0;
     rg->lim.generation = cfg->generation;
     rg->lim.job = rg->port->job;
+    drop_kept(rg->port, cfg->generation);
     /* the neighbours are connected now, so that their handshakes overlap */
     int next = (cfg->rank + 1) % cfg->size, prev = (cfg->rank + cfg->size - 1) % cfg->size;
     if (cfg->size > 1 && (!out_socket(c, rg, next) || !out_socket(c, rg, prev))) {
@@ -422,6 +431,29 @@ static bool is_later(const ring *rg, int32_t from, uint32_t flow, uint64_t seq) 
     return flow == FLOW_PAIR ? seq >= rg->recvd[from] : seq >= rg->coll_seq;
 }
 
+/* Keeps a copy of chunk m in the port for a later operation. */
+static ts_status keep(ts_ring_port *p, const ts_proto_msg *m) {
+    size_t size = m->payload[0].size;
+    if (p->stash_bytes + size > STASH_MAX_BYTES)
+        return ts_error(TS_ERR_MEMORY, "rank %d sent more than %zu MiB ahead of this rank's operations", m->rank,
+                        STASH_MAX_BYTES >> 20);
+    stashed *x = calloc(1, sizeof *x);
+    void *data = malloc(size ? size : 1);
+    if (!x || !data) {
+        free(x);
+        free(data);
+        return ts_error(TS_ERR_MEMORY, "ring: out of memory keeping %zu bytes from rank %d", size, m->rank);
+    }
+    memcpy(data, m->payload[0].data, size);
+    *x = (stashed){NULL, m->generation, m->rank, m->flow, m->sequence, m->ranges[0].offset, m->ranges[0].len,
+                   data, size};
+    stashed **tail = &p->stash;
+    while (*tail) tail = &(*tail)->next;
+    *tail = x;
+    p->stash_bytes += size;
+    return TS_OK;
+}
+
 /* Takes one received message: applies it to the flow expecting it, keeps
  * it aside when it is early, or drops it when it is late. *applied says
  * whether it was used now. */
@@ -433,10 +465,12 @@ static ts_status take(ts_comm *c, ring *rg, const ts_comm_op *op, flow_plan *fl,
         return ts_error(TS_ERR_PEER, "rank %d gave up: %s", m->rank, m->reason);
     if (m->type != TS_MSG_COLLECTIVE || m->nranges != 1 || m->nlengths != 1 || m->flow > FLOW_PAIR)
         return TS_OK; /* not a chunk of this communicator: ignored */
-    if (m->generation > ts_comm_config_of(c)->generation)
-        return ts_error(TS_ERR_STATE, "rank %d (%s) is in generation %llu already", m->rank,
-                        peer_endpoint(c, m->rank), (unsigned long long)m->generation);
-    uint64_t lo = m->ranges[0].offset, n = m->ranges[0].len;
+    uint64_t lo = m->ranges[0].offset, n = m->ranges[0].len, g = ts_comm_config_of(c)->generation;
+    if (m->generation > g) { /* the sender moved on: keep its chunk for the next communicator */
+        ts_status st = keep(rg->port, m);
+        return st ? st : ts_error(TS_ERR_STATE, "rank %d (%s) is in generation %llu already", m->rank,
+                                  peer_endpoint(c, m->rank), (unsigned long long)m->generation);
+    }
     for (int i = 0; i < nflows; i++) {
         flow_plan *f = &fl[i];
         bool yes;
@@ -451,34 +485,17 @@ static ts_status take(ts_comm *c, ring *rg, const ts_comm_op *op, flow_plan *fl,
         *applied = true;
         return TS_OK;
     }
-    if (!is_later(rg, m->rank, m->flow, m->sequence)) return TS_OK;
-    size_t size = m->payload[0].size;
-    if (rg->stash_bytes + size > STASH_MAX_BYTES)
-        return ts_error(TS_ERR_MEMORY, "rank %d sent more than %zu MiB ahead of this rank's operations", m->rank,
-                        STASH_MAX_BYTES >> 20);
-    stashed *x = calloc(1, sizeof *x);
-    void *data = malloc(size ? size : 1);
-    if (!x || !data) {
-        free(x);
-        free(data);
-        return ts_error(TS_ERR_MEMORY, "ring: out of memory keeping %zu bytes from rank %d", size, m->rank);
-    }
-    memcpy(data, m->payload[0].data, size);
-    *x = (stashed){NULL, m->rank, m->flow, m->sequence, lo, n, data, size};
-    stashed **tail = &rg->stash;
-    while (*tail) tail = &(*tail)->next;
-    *tail = x;
-    rg->stash_bytes += size;
-    return TS_OK;
+    return is_later(rg, m->rank, m->flow, m->sequence) ? keep(rg->port, m) : TS_OK;
 }
 
 /* Applies the first kept chunk that a flow expects now; *applied says if
  * there was one. */
-static ts_status take_kept(ring *rg, const ts_comm_op *op, flow_plan *fl, int nflows, char *buf, bool *applied) {
+static ts_status take_kept(ring *rg, uint64_t generation, const ts_comm_op *op, flow_plan *fl, int nflows,
+                           char *buf, bool *applied) {
     *applied = false;
-    for (stashed **p = &rg->stash; *p; p = &(*p)->next) {
+    for (stashed **p = &rg->port->stash; *p; p = &(*p)->next) {
         stashed *x = *p;
-        for (int i = 0; i < nflows; i++) {
+        for (int i = 0; x->generation == generation && i < nflows; i++) {
             bool yes;
             ts_status st = matches(&fl[i], x->from, x->flow, x->seq, x->lo, x->n, &yes);
             if (st) return st;
@@ -489,7 +506,7 @@ static ts_status take_kept(ring *rg, const ts_comm_op *op, flow_plan *fl, int nf
             apply_chunk(op, rg->size, buf, fl[i].recv[fl[i].got], fl[i].apply[fl[i].got], x->data);
             fl[i].got++;
             *p = x->next;
-            rg->stash_bytes -= x->size;
+            rg->port->stash_bytes -= x->size;
             free(x->data);
             free(x);
             *applied = true;
@@ -585,7 +602,7 @@ static ts_status run_plan(ts_comm *c, ring *rg, const ts_comm_op *op, flow_plan 
         }
         if (st || done) break;
         bool kept;
-        if ((st = take_kept(rg, op, fl, nflows, buf, &kept))) break;
+        if ((st = take_kept(rg, ts_comm_config_of(c)->generation, op, fl, nflows, buf, &kept))) break;
         if (kept) {
             last = ts_clock_ms();
             continue;

@@ -105,25 +105,29 @@ int ts_worker_run(const ts_worker_options *o) {
     ts_strategy_options so = {.job = o->job, .in_job = o->scheduler != NULL, .key_file = o->key_file,
                               .mpi_comm = o->mpi_comm};
     ts_strategy *s = ts_strategy_create(&so);
-    ts_member *m = NULL;
-    if (!s) {
-        fprintf(stderr, "%s: %s\n", o->prog, ts_last_error());
-        return 1;
-    }
-    if (o->scheduler && !(m = join(o, s->address))) {
-        ts_strategy_free(s);
-        return 1;
-    }
-    s->member = m;
-    char *text = job_text(o->job);
-    ts_trainer *t = ts_trainer_create(o->job, text, o->run_dir, o->resume, s);
+    char *text = s ? job_text(o->job) : NULL;
+    /* data and model first: a worker joins when it can take part at once */
+    ts_trainer *t = s ? ts_trainer_create(o->job, text, o->run_dir, o->resume, s) : NULL;
     free(text);
+    ts_member *m = NULL;
+    ts_status st = t ? TS_OK : ts_last_status();
+    bool refused = false; /* the join failed and said why */
+    if (!st && o->scheduler && !(m = join(o, s->address))) {
+        st = TS_ERR_PEER;
+        refused = true;
+    }
+    if (!st) {
+        s->member = m;
+        st = ts_trainer_attach(t);
+    }
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    ts_status st = t ? ts_trainer_run(t, &stop_requested) : ts_last_status();
+    if (!st) st = ts_trainer_run(t, &stop_requested);
     int code = 0;
-    if (st) {
+    if (refused) {
+        code = 1;
+    } else if (st) {
         fprintf(stderr, "%s: %s\n", o->prog, ts_last_error());
         code = stop_requested ? 130 : 1;
     } else if (m && !t->strategy->finished) {

@@ -36,7 +36,9 @@ ts_strategy *ts_strategy_create(const ts_strategy_options *o) {
         ts_error(TS_ERR_VALUE, "strategy \"%s\" trains in one process: run it without a scheduler", name);
         return NULL;
     }
-    return strategies[k].make(o);
+    ts_strategy *s = strategies[k].make(o);
+    if (s) s->in_job = o->in_job;
+    return s;
 }
 
 void ts_strategy_free(ts_strategy *s) {

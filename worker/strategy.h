@@ -8,7 +8,7 @@
  *   once, before the model is built
  *     units        which units of the model this process builds
  *   once, after the trainer made its model, optimizer groups and loader
- *   (and loaded a checkpoint when resuming)
+ *   (and loaded a checkpoint when resuming), and the process joined its job
  *     attach       start communicators, fetch or send parameters
  *   every step
  *     begin_step   take a new membership (the trainer re-shards its loader
@@ -89,10 +89,11 @@ struct ts_strategy {
     ts_group group;      /* the trainer reads it after begin_step */
     bool finished;       /* the job ended for this process (the scheduler shut
                           * it down): the loop stops without a step */
+    bool in_job;         /* the process is one node of a job's cluster */
     char address[TS_PROTO_ADDR_MAX + 1]; /* where peers reach this process,
                           * announced when it joins ("" none) */
     ts_member *member;   /* the job's scheduler client (set after the join,
-                          * before ts_trainer_create); NULL in a local run */
+                          * before ts_trainer_attach); NULL in a local run */
     ts_trainer *trainer; /* set by ts_trainer_create before any hook */
     ts_comm_times times; /* the step's, zeroed by the trainer before begin_step */
 };

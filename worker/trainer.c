@@ -151,7 +151,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     if (!st) {
         int64_t per_epoch = ts_loader_batches_per_epoch(t->loader) / job->train.accum_steps;
         t->total_steps = job->train.epochs > 0 ? job->train.epochs * per_epoch : job->steps;
-        if (t->total_steps < 1 && s->member)
+        if (t->total_steps < 1 && s->in_job)
             t->total_steps = INT64_MAX; /* a job of no set length runs until the scheduler ends it */
         else if (t->total_steps < 1)
             st = ts_error(TS_ERR_VALUE, "steps: the job has no steps to run");
@@ -171,11 +171,6 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
         st = ts_checkpoint_latest(root, dir, sizeof dir, &step);
         if (!st && step >= 0) st = ts_trainer_load(t, dir);
     }
-    if (!st) st = s->ops->attach(s);
-    if (!st && run_dir && s->group.leader) {
-        t->metrics = ts_metrics_open(t->run_dir, t->step);
-        if (!t->metrics) st = ts_last_status();
-    }
     if (st) {
         ts_trainer_free(t);
         return NULL;
@@ -194,6 +189,16 @@ ts_status ts_trainer_steps(const ts_job *job, int world, int64_t *steps) {
     if (!st && !(t->loader = make_loader(t, &(ts_group){.rank = 0, .world = world}))) st = ts_last_status();
     if (!st) *steps = job->train.epochs * (ts_loader_batches_per_epoch(t->loader) / job->train.accum_steps);
     ts_trainer_free(t);
+    return st;
+}
+
+ts_status ts_trainer_attach(ts_trainer *t) {
+    ts_strategy *s = t->strategy;
+    ts_status st = s->ops->attach(s);
+    if (!st && t->run_dir[0] && s->group.leader && !t->metrics) {
+        t->metrics = ts_metrics_open(t->run_dir, t->step);
+        if (!t->metrics) st = ts_last_status();
+    }
     return st;
 }
 

@@ -66,11 +66,16 @@ struct ts_trainer {
 
 /* Builds everything for job (job_text: its JSON) in run_dir with strategy
  * s (owned from now on, also on failure): the units s builds, the loader
- * sharded by s's group, then s's attach; resumes from the newest checkpoint
- * in run_dir/checkpoints when resume is set and one exists. run_dir NULL:
- * no run folder (evaluation, generation). */
+ * sharded by s's group; resumes from the newest checkpoint in
+ * run_dir/checkpoints when resume is set and one exists. run_dir NULL: no
+ * run folder (evaluation, generation). The strategy is attached by
+ * ts_trainer_attach, once the process is ready to meet its peers. */
 ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const char *run_dir, bool resume,
                               ts_strategy *s);
+
+/* Attaches the strategy (in a job, after joining it: communicators, the
+ * peers' state) and opens the leader's metrics file. Before ts_trainer_run. */
+ts_status ts_trainer_attach(ts_trainer *t);
 
 void ts_trainer_free(ts_trainer *t);
 

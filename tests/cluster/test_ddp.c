@@ -164,11 +164,11 @@ static void test_kill_worker(void **state) {
 /* A worker joined mid-run receives the state and trains in step. */
 static void test_join(void **state) {
     (void)state;
-    const char *job = job_file("ddp-join", "mlp", 300, 32, "ddp", 2, "\"max_workers\": 3");
+    const char *job = job_file("ddp-join", "gpt", 2000, 4, "ddp", 2, "\"max_workers\": 3");
     const char *dir = th_path("ddp-join");
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
     th_proc run = th_start("ddp-join", argv);
-    if (th_wait_for(&run, "step 10/300", 60000) != 0) dump(&run, "no step 10");
+    if (th_wait_for(&run, "step 10/2000", 60000) != 0) dump(&run, "no step 10");
     char addr[256], key[4200], addr_file[4200];
     snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", dir);
     snprintf(key, sizeof key, "%s/job.key", dir);
@@ -178,7 +178,7 @@ static void test_join(void **state) {
     if (th_wait_for(&run, "world size 2 -> 3 workers", 20000) != 0) dump(&run, "no generation of 3");
     if (th_wait(&joiner, 240000) != 0) dump(&joiner, "the joined worker did not exit 0");
     if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0 with a joined worker");
-    if (th_count(&run, "all workers completed 300 steps") < 1) dump(&run, "not every worker completed the steps");
+    if (th_count(&run, "all workers completed 2000 steps") < 1) dump(&run, "not every worker completed the steps");
     assert_int_equal(th_leftovers(), 0);
 }
 

@@ -1,8 +1,9 @@
 /* test_ring.c - the ZeroMQ ring backend between real processes: every
  * collective against a serial reference, N = 2, 3, 4 and 8 ranks, sizes
  * from 1 element to 64 MiB (odd sizes included), f32 and bf16, over tcp
- * and ipc; and a rank that dies mid-operation is named by the others
- * within the timeout. Each rank is a forked process with its own port;
+ * and ipc; a rank that dies mid-operation is named by the others within
+ * the timeout; a rank that moves to the next generation first loses
+ * nothing it sent there. Each rank is a forked process with its own port;
  * endpoints meet through files in a temporary folder. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -144,6 +145,40 @@ static void death_body(int r, int n, const char *transport) {
 
 static void test_death(void **state) { (void)state; run_ranks(4, death_body, "tcp"); }
 
+/* Rank 0 moves to generation 2 while rank 1 still waits in an operation
+ * of generation 1: rank 1's operation fails naming the move, and what rank
+ * 0 sent in generation 2 reaches rank 1's generation-2 communicator. */
+static void generation_body(int r, int n, const char *transport) {
+    ts_ring_port *port;
+    ts_comm *c = join_ring(r, n, transport, &port, 5000);
+    const ts_comm_config *cfg = ts_comm_config_of(c);
+    const char *peers[2] = {cfg->peers[0], cfg->peers[1]};
+    char keep[2][512];
+    snprintf(keep[0], 512, "%s", peers[0]);
+    snprintf(keep[1], 512, "%s", peers[1]);
+    peers[0] = keep[0];
+    peers[1] = keep[1];
+    CHECK(!ts_comm_barrier(c), "rank %d: barrier: %s", r, ts_last_error());
+    float x[1000];
+    fill(x, TS_F32, r, 1000);
+    if (r == 1) {
+        ts_status st = ts_comm_allreduce(c, x, x, 1000, TS_F32, TS_REDUCE_SUM);
+        CHECK(st && strstr(ts_last_error(), "generation 2"), "rank 1: the old allreduce did not see the move: %s",
+              ts_last_error());
+    }
+    ts_comm_free(c);
+    ts_comm_config next = {.rank = r, .size = n, .generation = 2, .timeout_ms = 5000, .peers = peers, .native = port};
+    c = ts_comm_create(&ts_comm_ring_backend, &next);
+    CHECK(c, "rank %d: generation 2: %s", r, ts_last_error());
+    fill(x, TS_F32, r, 1000);
+    CHECK(!ts_comm_broadcast(c, x, 1000, TS_F32, 0), "rank %d: broadcast in generation 2: %s", r, ts_last_error());
+    for (int i = 0; i < 1000; i++) CHECK(x[i] == value(0, i), "rank %d: broadcast [%d]", r, i);
+    ts_comm_free(c);
+    ts_ring_port_close(port);
+}
+
+static void test_next_generation(void **state) { (void)state; run_ranks(2, generation_body, "tcp"); }
+
 static int setup(void **state) {
     (void)state;
     if (tu_make_tmp_dir(dir, sizeof dir, "tessera_ring") != 0) return -1;
@@ -159,7 +194,7 @@ static int teardown(void **state) {
 int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two),   cmocka_unit_test(test_three), cmocka_unit_test(test_four_ipc),
-        cmocka_unit_test(test_eight), cmocka_unit_test(test_death),
+        cmocka_unit_test(test_eight), cmocka_unit_test(test_death), cmocka_unit_test(test_next_generation),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);
