@@ -56,6 +56,7 @@ typedef struct {
     ts_reduce_op op; /* allreduce, reduce_scatter */
     int peer;        /* broadcast: the root; send/recv: the other rank */
     int64_t step;    /* the training step, named in errors (-1: none) */
+    int timeout_ms;  /* > 0: this operation's own limit (else the communicator's) */
 } ts_comm_op;
 
 typedef struct ts_comm ts_comm;

@@ -53,23 +53,24 @@ static void mpi_close(ts_comm *c) {
     ts_comm_set_impl(c, NULL);
 }
 
-/* Waits for req, giving up after the timeout or on abort. */
-static ts_status wait_request(ts_comm *c, MPI_Request *req, int rc) {
+/* Waits for req of op, giving up after op's time limit (or the
+ * communicator's) or on abort. */
+static ts_status wait_request(ts_comm *c, const ts_comm_op *op, MPI_Request *req, int rc) {
     if (rc != MPI_SUCCESS) {
         char text[MPI_MAX_ERROR_STRING];
         int len = 0;
         MPI_Error_string(rc, text, &len);
         return ts_error(TS_ERR_PEER, "MPI: %s", text);
     }
-    double deadline = ts_clock_ms() + ts_comm_config_of(c)->timeout_ms;
+    int timeout = op->timeout_ms > 0 ? op->timeout_ms : ts_comm_config_of(c)->timeout_ms;
+    double deadline = ts_clock_ms() + timeout;
     for (int done = 0;;) {
         rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) return wait_request(c, req, rc);
+        if (rc != MPI_SUCCESS) return wait_request(c, op, req, rc);
         if (done) return TS_OK;
         if (ts_comm_aborted(c)) return ts_error(TS_ERR_STATE, "abandoned");
         if (ts_clock_ms() > deadline)
-            return ts_error(TS_ERR_TIMEOUT, "MPI did not complete within %d ms (a rank died or went silent)",
-                            ts_comm_config_of(c)->timeout_ms);
+            return ts_error(TS_ERR_TIMEOUT, "MPI did not complete within %d ms (a rank died or went silent)", timeout);
         sched_yield(); /* MPI progresses only inside MPI calls: test again soon */
     }
 }
@@ -103,7 +104,7 @@ static ts_status run_allreduce(ts_comm *c, MPI_Comm comm, const ts_comm_op *op) 
         MPI_Request req;
         int rc = MPI_Iallreduce(MPI_IN_PLACE, buf + (size_t)at * wes, n, bf16 ? MPI_FLOAT : mpi_type(op->dtype),
                                 mpi_op(op->op), comm, &req);
-        st = wait_request(c, &req, rc);
+        st = wait_request(c, op, &req, rc);
     }
     if (!st && op->op == TS_REDUCE_AVG)
         ts_comm_finish_avg(buf, op->count, bf16 ? TS_F32 : op->dtype, ts_comm_config_of(c)->size);
@@ -126,7 +127,7 @@ static ts_status run_reduce_scatter(ts_comm *c, MPI_Comm comm, const ts_comm_op 
     int rc = MPI_Ireduce_scatter_block(bf16 ? (const void *)w : op->send, bf16 ? (void *)out : op->recv,
                                        (int)op->count, bf16 ? MPI_FLOAT : mpi_type(op->dtype), mpi_op(op->op), comm,
                                        &req);
-    ts_status st = wait_request(c, &req, rc);
+    ts_status st = wait_request(c, op, &req, rc);
     void *res = bf16 ? (void *)out : op->recv;
     if (!st && op->op == TS_REDUCE_AVG) ts_comm_finish_avg(res, op->count, bf16 ? TS_F32 : op->dtype, size);
     if (!st && bf16) narrow_into(op->recv, out, op->count);
@@ -142,7 +143,7 @@ static ts_status run_allgather(ts_comm *c, MPI_Comm comm, const ts_comm_op *op) 
     MPI_Request req;
     int rc = MPI_Iallgather(op->send == own ? MPI_IN_PLACE : op->send, (int)bytes, MPI_BYTE, op->recv, (int)bytes,
                             MPI_BYTE, comm, &req);
-    return wait_request(c, &req, rc);
+    return wait_request(c, op, &req, rc);
 }
 
 /* Broadcast, send and recv move bytes, in pieces of at most PIECE. */
@@ -156,7 +157,7 @@ static ts_status run_bytes(ts_comm *c, MPI_Comm comm, const ts_comm_op *op) {
         int rc = op->kind == TS_COMM_BROADCAST ? MPI_Ibcast(buf + at, n, MPI_BYTE, op->peer, comm, &req)
                  : op->kind == TS_COMM_SEND    ? MPI_Isend(buf + at, n, MPI_BYTE, op->peer, 0, comm, &req)
                                                : MPI_Irecv(buf + at, n, MPI_BYTE, op->peer, 0, comm, &req);
-        st = wait_request(c, &req, rc);
+        st = wait_request(c, op, &req, rc);
     }
     return st;
 }
@@ -170,7 +171,7 @@ static ts_status mpi_run(ts_comm *c, const ts_comm_op *op) {
     case TS_COMM_BARRIER: {
         MPI_Request req;
         int rc = MPI_Ibarrier(comm, &req);
-        return wait_request(c, &req, rc);
+        return wait_request(c, op, &req, rc);
     }
     default: return run_bytes(c, comm, op);
     }

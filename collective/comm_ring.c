@@ -155,8 +155,9 @@ static void *out_socket(ts_comm *c, ring *rg, int peer) {
     if (rg->out[peer]) return rg->out[peer];
     ts_ring_port *p = rg->port;
     void *s = zmq_socket(p->ctx, ZMQ_PUSH), *m = NULL;
+    static _Atomic unsigned monitors; /* inproc names outlive a closing socket: never reuse one */
     char mon[64];
-    snprintf(mon, sizeof mon, "inproc://ring-%p-%d", (void *)rg, peer);
+    snprintf(mon, sizeof mon, "inproc://ring-monitor-%u", ++monitors);
     int hwm = QUEUE_MESSAGES, zero = 0, linger = LINGER_MS, timeout = ts_comm_config_of(c)->timeout_ms;
     ts_status st = s ? TS_OK : ts_error(TS_ERR_IO, "ring: zmq_socket: %s", zmq_strerror(zmq_errno()));
     if (!st) {
@@ -578,6 +579,7 @@ static ts_status run_plan(ts_comm *c, ring *rg, const ts_comm_op *op, flow_plan 
     double last = ts_clock_ms();
     ts_proto_rx rx;
     ts_proto_rx_init(&rx);
+    if (op->timeout_ms > 0) timeout = op->timeout_ms;
     ts_status st = TS_OK;
     zmq_pollitem_t items[8];
     for (;;) {

@@ -99,6 +99,17 @@ typedef struct {
     int64_t step, total_steps, epoch, offset;
 } sync_header;
 
+/* Broadcasts count elements of buf from rank 0. Peers meet here after a
+ * membership change, some still finishing a step: they get the job's
+ * barrier timeout to arrive, not the heartbeat timeout of a step. */
+static ts_status from_rank0(ddp_strategy *d, void *buf, int64_t count, ts_dtype dt) {
+    ts_member_info info;
+    ts_member_info_get(d->base.member, &info);
+    ts_comm_op op = {.kind = TS_COMM_BROADCAST, .send = buf, .recv = buf, .count = count, .dtype = dt, .peer = 0,
+                     .step = d->base.trainer->step, .timeout_ms = (int)info.barrier_timeout_ms};
+    return ts_comm_run(d->comm, &op);
+}
+
 /* Makes every rank take rank 0's parameters, optimizer state, step, total
  * and data position. */
 static ts_status sync_state(ddp_strategy *d) {
@@ -106,9 +117,9 @@ static ts_status sync_state(ddp_strategy *d) {
     ts_model *m = t->model;
     ts_loader_pos pos = d->in_step ? d->step_start : ts_loader_position(t->loader);
     sync_header h = {t->step, t->total_steps, pos.epoch, pos.offset};
-    ts_status st = ts_comm_broadcast(d->comm, &h, 4, TS_I64, 0);
-    if (!st) st = ts_comm_broadcast(d->comm, ts_f32(m->flat_params), m->numel, TS_F32, 0);
-    if (!st && m->n_state) st = ts_comm_broadcast(d->comm, m->state, (int64_t)m->n_state * m->numel, TS_F32, 0);
+    ts_status st = from_rank0(d, &h, 4, TS_I64);
+    if (!st) st = from_rank0(d, ts_f32(m->flat_params), m->numel, TS_F32);
+    if (!st && m->n_state) st = from_rank0(d, m->state, (int64_t)m->n_state * m->numel, TS_F32);
     if (st) return st;
     t->step = h.step;
     t->total_steps = h.total_steps;

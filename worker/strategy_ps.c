@@ -276,7 +276,6 @@ static void ps_free(ts_strategy *s) {
 }
 
 static const ts_strategy_ops ps_ops = {
-    .name = "ps",
     .units = ts_strategy_all_units,
     .attach = ps_attach,
     .begin_step = ps_begin_step,

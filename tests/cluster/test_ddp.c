@@ -140,6 +140,8 @@ static void test_kill_worker(void **state) {
     const char *dir = th_path("ddp-kill");
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
     th_proc run = th_start("ddp-kill", argv);
+    /* all four in, whether at the start or joined after it */
+    if (th_wait_count(&run, "joined rank=", 4, 60000) != 0) dump(&run, "not 4 workers joined");
     if (th_wait_for(&run, "step 20/400", 60000) != 0) dump(&run, "no step 20");
     pid_t victim = -1;
     int rank = joined_worker(&run, 2, &victim);

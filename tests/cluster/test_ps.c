@@ -206,10 +206,10 @@ static void test_async_bounded(void **state) {
 /* ---- elastic and failures ---- */
 
 /* A sync MLP job of 240 steps whose checkpoint evaluates above 70%. */
-static const char *elastic_job(const char *name, const char *parallel) {
+static const char *elastic_job(const char *name, int steps, const char *parallel) {
     char p[512];
     snprintf(p, sizeof p, "\"strategy\": \"ps\", \"servers\": 2%s%s", parallel[0] ? ", " : "", parallel);
-    return job_file(name, false, 240, 32, p);
+    return job_file(name, false, steps, 32, p);
 }
 
 static void expect_accuracy(const char *run, int step) {
@@ -221,10 +221,10 @@ static void expect_accuracy(const char *run, int step) {
  * parameters, the quorum grows to 3 and the job finishes with it. */
 static void test_join(void **state) {
     (void)state;
-    const char *job = elastic_job("join", "\"workers\": 2, \"max_workers\": 3");
+    const char *job = elastic_job("join", 600, "\"workers\": 2, \"max_workers\": 3");
     const char *run = th_path("run-join");
     th_proc p = start_run("join", job, run, NULL);
-    th_expect_output(&p, "step 20/240", 30000);
+    th_expect_output(&p, "step 20/600", 30000);
     char addr[256], key[4200], addr_file[4200];
     snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", run);
     snprintf(key, sizeof key, "%s/job.key", run);
@@ -237,7 +237,7 @@ static void test_join(void **state) {
     finish_run(&p, 120000);
     if (th_wait(&joiner, 20000) != 0) th_dump(&joiner, "the joined worker did not exit 0");
     th_expect_output(&joiner, "shutdown (code 0)", 0);
-    expect_accuracy(run, 240);
+    expect_accuracy(run, 600);
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -247,7 +247,7 @@ static void test_join(void **state) {
  * bounded-staleness job. */
 static void test_kill_worker(void **state) {
     (void)state;
-    const char *job = elastic_job("killw", "\"workers\": 3, \"min_workers\": 2");
+    const char *job = elastic_job("killw", 240, "\"workers\": 3, \"min_workers\": 2");
     const char *run = th_path("run-killw");
     th_proc p = start_run("killw", job, run, NULL);
     th_expect_output(&p, "step 40/240", 30000);
@@ -286,7 +286,7 @@ static void test_kill_worker(void **state) {
  * the steps since; the losses end up those of an undisturbed run. */
 static void test_kill_shard(void **state) {
     (void)state;
-    const char *job = elastic_job("kills", "\"workers\": 2, \"max_restarts\": 1");
+    const char *job = elastic_job("kills", 240, "\"workers\": 2, \"max_restarts\": 1");
     const char *run = th_path("run-kills");
     th_proc p = start_run("kills", job, run, "train.checkpoint_every=25", NULL);
     th_expect_output(&p, "step 60/240", 30000);
@@ -309,7 +309,7 @@ static void test_kill_shard(void **state) {
  * that of an undisturbed run. */
 static void test_kill_primary(void **state) {
     (void)state;
-    const char *job = elastic_job("killp", "\"workers\": 2, \"ps_replicas\": 2");
+    const char *job = elastic_job("killp", 240, "\"workers\": 2, \"ps_replicas\": 2");
     const char *run = th_path("run-killp");
     th_proc p = start_run("killp", job, run, NULL);
     th_expect_output(&p, "step 60/240", 30000);
