@@ -461,17 +461,21 @@ static ts_status keep(ts_ring_port *p, const ts_proto_msg *m) {
 static ts_status take(ts_comm *c, ring *rg, const ts_comm_op *op, flow_plan *fl, int nflows, char *buf,
                       const ts_proto_msg *m, bool *applied) {
     *applied = false;
-    if (m->rank < 0 || m->rank >= rg->size || m->rank == rg->rank) return TS_OK; /* not a peer: ignored */
-    if (m->type == TS_MSG_ERROR && m->generation == ts_comm_config_of(c)->generation)
-        return ts_error(TS_ERR_PEER, "rank %d gave up: %s", m->rank, m->reason);
-    if (m->type != TS_MSG_COLLECTIVE || m->nranges != 1 || m->nlengths != 1 || m->flow > FLOW_PAIR)
-        return TS_OK; /* not a chunk of this communicator: ignored */
-    uint64_t lo = m->ranges[0].offset, n = m->ranges[0].len, g = ts_comm_config_of(c)->generation;
-    if (m->generation > g) { /* the sender moved on: keep its chunk for the next communicator */
+    uint64_t g = ts_comm_config_of(c)->generation;
+    bool chunk = m->type == TS_MSG_COLLECTIVE && m->nranges == 1 && m->nlengths == 1 && m->flow <= FLOW_PAIR &&
+                 m->rank >= 0;
+    if (chunk && m->generation > g) { /* the sender moved on (its world may be larger): keep the chunk for
+                                       * the next communicator */
         ts_status st = keep(rg->port, m);
         return st ? st : ts_error(TS_ERR_STATE, "rank %d (%s) is in generation %llu already", m->rank,
-                                  peer_endpoint(c, m->rank), (unsigned long long)m->generation);
+                                  m->rank < rg->size ? peer_endpoint(c, m->rank) : "a new peer",
+                                  (unsigned long long)m->generation);
     }
+    if (m->rank < 0 || m->rank >= rg->size || m->rank == rg->rank) return TS_OK; /* not a peer: ignored */
+    if (m->type == TS_MSG_ERROR && m->generation == g)
+        return ts_error(TS_ERR_PEER, "rank %d gave up: %s", m->rank, m->reason);
+    if (!chunk) return TS_OK; /* not a chunk of this communicator: ignored */
+    uint64_t lo = m->ranges[0].offset, n = m->ranges[0].len;
     for (int i = 0; i < nflows; i++) {
         flow_plan *f = &fl[i];
         bool yes;
@@ -765,7 +769,7 @@ static ts_status ring_run(ts_comm *c, const ts_comm_op *op) {
         case TS_COMM_BROADCAST: st = run_broadcast(c, rg, &o); break;
         default: /* barrier: a one-element allreduce */
             o = (ts_comm_op){.kind = TS_COMM_ALLREDUCE, .send = &token, .recv = &token, .count = 1,
-                             .dtype = TS_F32, .op = TS_REDUCE_SUM, .step = op->step};
+                             .dtype = TS_F32, .op = TS_REDUCE_SUM, .step = op->step, .timeout_ms = op->timeout_ms};
             st = run_allreduce(c, rg, &o);
         }
         rg->coll_seq++;

@@ -99,13 +99,15 @@ typedef struct {
     int64_t step, total_steps, epoch, offset;
 } sync_header;
 
-/* Broadcasts count elements of buf from rank 0. Peers meet here after a
- * membership change, some still finishing a step: they get the job's
- * barrier timeout to arrive, not the heartbeat timeout of a step. */
-static ts_status from_rank0(ddp_strategy *d, void *buf, int64_t count, ts_dtype dt) {
+/* A collective of the regroup: kind (a broadcast from rank 0, or the
+ * barrier that ends it) over count elements of buf. Peers meet here after a
+ * membership change, some still finishing a step or just started: they get
+ * the job's barrier timeout to arrive, not the heartbeat timeout of a
+ * step. */
+static ts_status meet(ddp_strategy *d, ts_comm_kind kind, void *buf, int64_t count, ts_dtype dt) {
     ts_member_info info;
     ts_member_info_get(d->base.member, &info);
-    ts_comm_op op = {.kind = TS_COMM_BROADCAST, .send = buf, .recv = buf, .count = count, .dtype = dt, .peer = 0,
+    ts_comm_op op = {.kind = kind, .send = buf, .recv = buf, .count = count, .dtype = dt, .peer = 0,
                      .step = d->base.trainer->step, .timeout_ms = (int)info.barrier_timeout_ms};
     return ts_comm_run(d->comm, &op);
 }
@@ -117,9 +119,12 @@ static ts_status sync_state(ddp_strategy *d) {
     ts_model *m = t->model;
     ts_loader_pos pos = d->in_step ? d->step_start : ts_loader_position(t->loader);
     sync_header h = {t->step, t->total_steps, pos.epoch, pos.offset};
-    ts_status st = from_rank0(d, &h, 4, TS_I64);
-    if (!st) st = from_rank0(d, ts_f32(m->flat_params), m->numel, TS_F32);
-    if (!st && m->n_state) st = from_rank0(d, m->state, (int64_t)m->n_state * m->numel, TS_F32);
+    ts_status st = meet(d, TS_COMM_BROADCAST, &h, 4, TS_I64);
+    if (!st) st = meet(d, TS_COMM_BROADCAST, ts_f32(m->flat_params), m->numel, TS_F32);
+    if (!st && m->n_state) st = meet(d, TS_COMM_BROADCAST, m->state, (int64_t)m->n_state * m->numel, TS_F32);
+    /* rank 0 is done as soon as it has sent: all leave together, so that the
+     * next step's collectives start even */
+    if (!st) st = meet(d, TS_COMM_BARRIER, NULL, 0, TS_U8);
     if (st) return st;
     t->step = h.step;
     t->total_steps = h.total_steps;

@@ -179,6 +179,49 @@ static void generation_body(int r, int n, const char *transport) {
 
 static void test_next_generation(void **state) { (void)state; run_ranks(2, generation_body, "tcp"); }
 
+/* A world that grows while one rank lags: ranks 0 and 1 run generation 1
+ * (2 ranks), rank 2 generation 2 (3 ranks) alone, rank 3 joins at
+ * generation 3 (4 ranks) and everybody meets there. Rank 2 hears of
+ * generation 3 first from a rank its own generation does not have: that
+ * chunk too is kept for generation 3. */
+static void growing_body(int r, int n, const char *transport) {
+    ts_ring_port *port;
+    ts_comm *c = join_ring(r, n, transport, &port, 5000);
+    const ts_comm_config *cfg = ts_comm_config_of(c);
+    char keep[4][512];
+    const char *peers[4];
+    for (int i = 0; i < n; i++) peers[i] = strcpy(keep[i], cfg->peers[i]);
+    CHECK(!ts_comm_barrier(c), "rank %d: barrier: %s", r, ts_last_error());
+    ts_comm_free(c);
+    float *x = calloc(100000, sizeof *x);
+    CHECK(x, "out of memory");
+    if (r < 2) {
+        ts_comm_config g1 = {.rank = r, .size = 2, .generation = 1, .timeout_ms = 5000, .peers = peers, .native = port};
+        c = ts_comm_create(&ts_comm_ring_backend, &g1);
+        CHECK(c && !ts_comm_broadcast(c, x, 100, TS_F32, 0), "rank %d: generation 1: %s", r, ts_last_error());
+        ts_comm_free(c);
+    } else if (r == 2) {
+        ts_comm_config g2 = {.rank = r, .size = 3, .generation = 2, .timeout_ms = 5000, .peers = peers, .native = port};
+        c = ts_comm_create(&ts_comm_ring_backend, &g2);
+        CHECK(c && ts_comm_broadcast(c, x, 100, TS_F32, 0) != TS_OK && strstr(ts_last_error(), "generation 3"),
+              "rank 2: generation 2 did not learn of generation 3: %s", ts_last_error());
+        ts_comm_free(c);
+    }
+    if (r == 0)
+        for (int i = 0; i < 100000; i++) x[i] = (float)i;
+    ts_comm_config g3 = {.rank = r, .size = n, .generation = 3, .timeout_ms = 5000, .peers = peers, .native = port};
+    c = ts_comm_create(&ts_comm_ring_backend, &g3);
+    CHECK(c, "rank %d: generation 3: %s", r, ts_last_error());
+    CHECK(!ts_comm_broadcast(c, x, 100000, TS_F32, 0) && !ts_comm_barrier(c), "rank %d: generation 3: %s", r,
+          ts_last_error());
+    for (int i = 0; i < 100000; i++) CHECK(x[i] == (float)i, "rank %d: generation 3 broadcast [%d]", r, i);
+    free(x);
+    ts_comm_free(c);
+    ts_ring_port_close(port);
+}
+
+static void test_growing_world(void **state) { (void)state; run_ranks(4, growing_body, "tcp"); }
+
 static int setup(void **state) {
     (void)state;
     if (tu_make_tmp_dir(dir, sizeof dir, "tessera_ring") != 0) return -1;
@@ -195,6 +238,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two),   cmocka_unit_test(test_three), cmocka_unit_test(test_four_ipc),
         cmocka_unit_test(test_eight), cmocka_unit_test(test_death), cmocka_unit_test(test_next_generation),
+        cmocka_unit_test(test_growing_world),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);
