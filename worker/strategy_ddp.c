@@ -99,6 +99,18 @@ typedef struct {
     int64_t step, total_steps, epoch, offset;
 } sync_header;
 
+/* Waits for req, looking for a new generation while it waits: one
+ * abandons the operation (the others have moved on, or will). */
+static ts_status finish(ddp_strategy *d, ts_comm_req *req) {
+    for (;;) {
+        bool done;
+        ts_status st = ts_comm_wait_ms(req, LOOK_MS, &done);
+        if (done) return st;
+        look(d);
+        if (d->pending) ts_comm_abort(d->comm);
+    }
+}
+
 /* A collective of the regroup: kind (a broadcast from rank 0, or the
  * barrier that ends it) over count elements of buf. Peers meet here after a
  * membership change, some still finishing a step or just started: they get
@@ -109,7 +121,9 @@ static ts_status meet(ddp_strategy *d, ts_comm_kind kind, void *buf, int64_t cou
     ts_member_info_get(d->base.member, &info);
     ts_comm_op op = {.kind = kind, .send = buf, .recv = buf, .count = count, .dtype = dt, .peer = 0,
                      .step = d->base.trainer->step, .timeout_ms = (int)info.barrier_timeout_ms};
-    return ts_comm_run(d->comm, &op);
+    ts_comm_req *req;
+    ts_status st = ts_comm_start(d->comm, &op, &req);
+    return st ? st : finish(d, req);
 }
 
 /* Makes every rank take rank 0's parameters, optimizer state, step, total
@@ -287,15 +301,10 @@ static ts_status wait_buckets(ddp_strategy *d) {
     ts_status first = TS_OK;
     for (int i = 0; i < d->nbuckets; i++) {
         bucket *b = &d->buckets[i];
-        for (bool done = !b->req; !done;) {
-            ts_status st = ts_comm_wait_ms(b->req, LOOK_MS, &done);
-            if (done) {
-                b->req = NULL;
-                if (st && !first) first = st;
-            } else {
-                look(d);
-                if (d->pending) ts_comm_abort(d->comm);
-            }
+        if (b->req) {
+            ts_status st = finish(d, b->req);
+            b->req = NULL;
+            if (st && !first) first = st;
         }
         if (!first && d->wire)
             for (int64_t k = b->lo; k < b->hi; k++) g[k] = ts_f32_from_bf16(d->wire[k]);
@@ -357,7 +366,9 @@ static ts_status try_step(ddp_strategy *d, double *loss, int64_t *samples) {
     double sums[2] = {*loss, (double)*samples};
     ts_comm_op op = {.kind = TS_COMM_ALLREDUCE, .send = sums, .recv = sums, .count = 2, .dtype = TS_F64,
                      .op = TS_REDUCE_SUM, .step = d->base.trainer->step + 1};
-    st = ts_comm_run(d->comm, &op);
+    ts_comm_req *req;
+    st = ts_comm_start(d->comm, &op, &req);
+    if (!st) st = finish(d, req);
     *loss = sums[0] / d->base.group.world;
     *samples = (int64_t)sums[1];
     return st;
