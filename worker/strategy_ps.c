@@ -56,7 +56,7 @@ static void take_group(ps_strategy *d) {
     int index, workers;
     ts_ps_client_workers(d->c, &g, &index, &workers);
     ts_group *gr = &d->base.group;
-    if (gr->world && workers != gr->world && index == 0)
+    if (gr->generation && workers != gr->world && index == 0) /* a change, not the join's own group */
         printf("generation %llu: world size %d -> %d workers\n", (unsigned long long)g, gr->world, workers);
     *gr = (ts_group){.rank = index < 0 ? 0 : index, .world = workers > 0 ? workers : 1, .generation = g,
                      .leader = index == 0};
