@@ -350,6 +350,35 @@ static void test_resume(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Under mpirun (1 scheduler, 1 ps, 2 workers, each an MPI process): the
+ * same sync job, ending with a checkpoint that evaluates. */
+static void test_mpirun(void **state) {
+    (void)state;
+    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
+        fprintf(stderr, "mpirun not found: skipping the MPI test\n");
+        skip();
+    }
+    const char *job = job_file("mpi-ps", false, 240, 32, "\"strategy\": \"ps\", \"servers\": 1, \"workers\": 2");
+    char run_bin[4200], set_dir[4300];
+    snprintf(run_bin, sizeof run_bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
+    snprintf(set_dir, sizeof set_dir, "train.run_dir=%s", th_path("run-mpi"));
+    const char *argv[] = {"mpirun", "-np", "4", "--oversubscribe", "--allow-run-as-root", "-x",
+                          "TESSERA_NUM_THREADS=1", run_bin, "--mpi", job, "--set", set_dir, NULL};
+    th_proc p = th_start("mpi-ps", argv);
+    int rc = th_wait(&p, 120000);
+    char *text = th_output(&p);
+    bool no_mpi = strstr(text, "no MPI support") != NULL;
+    free(text);
+    if (no_mpi) {
+        fprintf(stderr, "tessera-run built without MPI: skipping the MPI test\n");
+        skip();
+    }
+    if (rc != 0) th_dump(&p, "mpirun -np 4 tessera-run --mpi did not exit 0");
+    assert_int_equal(th_count(&p, "shutdown (code 0)"), 3); /* ps + 2 workers */
+    expect_accuracy(th_path("run-mpi"), 240);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 int main(int argc, char **argv) {
     th_init();
     setenv("TESSERA_NUM_THREADS", "1", 1);
@@ -358,6 +387,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_async_bounded),   cmocka_unit_test(test_join),
         cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_kill_shard),
         cmocka_unit_test(test_kill_primary),    cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_mpirun),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
