@@ -105,8 +105,8 @@ void ts_shard_checkpoint(ts_shard *s);
 
 /* Restores the checkpoint of step (-1: the newest) from the shard's folder;
  * *found says whether there was one (with step -1 none is fine: the shard
- * keeps its seed state). A checkpoint of another range or model is refused
- * naming both. */
+ * keeps its state). Step 0 needs none: its keys are the seed's. A
+ * checkpoint of another range or model is refused naming both. */
 ts_status ts_shard_restore(ts_shard *s, int64_t step, bool *found);
 
 #endif

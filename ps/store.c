@@ -4,8 +4,11 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/io/checkpoint.h"
+#include "kernels/nn/models.h"
+#include "proto/job_model.h"
 #include "ps/internal.h"
 
 /* The shard's tensors under their checkpoint names. */
@@ -74,28 +77,58 @@ static ts_status check_same(const ts_shard *s, const ts_checkpoint *ck) {
     return TS_OK;
 }
 
+/* The folder of the checkpoint of step (-1: the newest) into dir ("" when
+ * there is none). */
+static ts_status find_checkpoint(const ts_shard *s, int64_t step, char *dir, size_t cap) {
+    dir[0] = '\0';
+    if (step < 0) {
+        int64_t at;
+        return ts_checkpoint_latest(s->root, dir, cap, &at);
+    }
+    int64_t *steps = NULL;
+    int n = 0;
+    ts_status st = ts_checkpoint_list(s->root, &steps, &n);
+    for (int i = 0; !st && i < n; i++)
+        if (steps[i] == step) snprintf(dir, cap, "%s/step-%lld", s->root, (long long)step);
+    free(steps);
+    return st;
+}
+
+/* Step 0 needs no checkpoint: the shard's keys as the job's seed makes
+ * them, with empty optimizer state. */
+static ts_status restore_seed(ts_shard *s) {
+    ts_model_spec spec;
+    ts_model *m = NULL;
+    ts_status st = ts_job_model_spec(s->cfg.job, &spec);
+    if (!st && !(m = ts_model_build(&spec, 0, -1, ts_key_from_seed((uint64_t)s->cfg.job->seed), TS_F32)))
+        st = ts_last_status();
+    if (!st) {
+        memcpy(ts_f32(s->params), ts_f32(m->flat_params) + s->offset, (size_t)s->len * sizeof(float));
+        if (s->state) memset(ts_f32(s->state), 0, ts_tensor_nbytes(s->state));
+        s->step = s->updates = 0;
+        s->pos = (ts_loader_pos){0, 0};
+        s->last_decided_step = -1;
+        shard_clear_stagings(s);
+    }
+    ts_model_free(m);
+    return st;
+}
+
 ts_status ts_shard_restore(ts_shard *s, int64_t step, bool *found) {
     *found = false;
-    if (!s->root) return TS_OK;
-    char dir[1200];
-    int64_t at = step;
-    if (step < 0) {
-        ts_status st = ts_checkpoint_latest(s->root, dir, sizeof dir, &at);
-        if (st || at < 0) return st;
-    } else {
-        int64_t *steps = NULL;
-        int n = 0;
-        ts_status st = ts_checkpoint_list(s->root, &steps, &n);
-        bool have = false;
-        for (int i = 0; i < n; i++) have |= steps[i] == step;
-        free(steps);
-        if (st || !have) return st;
-        snprintf(dir, sizeof dir, "%s/step-%lld", s->root, (long long)step);
+    char dir[1200] = "";
+    ts_status st = s->root ? find_checkpoint(s, step, dir, sizeof dir) : TS_OK;
+    if (st) return st;
+    if (!dir[0]) {
+        if (step != 0) return TS_OK;
+        st = restore_seed(s);
+        *found = !st;
+        return st;
     }
     ts_checkpoint *ck = ts_checkpoint_open(dir);
     if (!ck) return ts_last_status();
     int64_t updates = 0;
-    ts_status st = check_same(s, ck);
+    st = check_same(s, ck);
     if (!st) st = extra_int(ck, "updates", &updates);
     if (!st) st = ts_safetensors_load_into(ck->model, 1, &KEYS_NAME, &s->params, true);
     if (!st && s->state) st = ts_safetensors_load_into(ck->optim, 1, &STATE_NAME, &s->state, true);
