@@ -30,8 +30,8 @@ ts_status ts_netsim_load(const char *name, const ts_job_ints *placement,
                  strlen(addr) >= TS_NETSIM_ADDR_MAX)
             st = ts_error(TS_ERR_FORMAT, "%s: line %d is not \"n%d ADDRESS\"", path,
                           ns->n + 1, ns->n);
-        else
-            snprintf(ns->addr[ns->n++], TS_NETSIM_ADDR_MAX, "%s", addr);
+        else /* shorter than TS_NETSIM_ADDR_MAX, checked above */
+            memcpy(ns->addr[ns->n++], addr, strlen(addr) + 1);
     }
     fclose(f);
     if (st == TS_OK && ns->n == 0)
