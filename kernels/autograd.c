@@ -373,6 +373,13 @@ static ts_status collect(ts_node *root, unsigned stamp, node_list *all) {
         ts_node_retain(n);
         for (int i = 0; i < n->n_inputs; i++) {
             ts_tensor *x = n->inputs[i];
+            if (x && !x->grad_fn && x->requires_grad && x->grad_hook) { /* a hooked leaf: count its gradients */
+                if (x->hook_pass != stamp) {
+                    x->hook_pass = stamp;
+                    x->hook_due = 0;
+                }
+                x->hook_due++;
+            }
             if (!x || !x->grad_fn || !x->requires_grad) continue;
             ts_node *c = x->grad_fn;
             if (c->freed) {
@@ -393,7 +400,8 @@ static ts_status collect(ts_node *root, unsigned stamp, node_list *all) {
 }
 
 /* Runs one node's backward and routes the input gradients. Pushes inputs
- * whose gradients are complete onto ready. */
+ * whose gradients are complete onto ready, and runs the hook of a leaf
+ * whose gradients of this pass are all in. */
 static ts_status run_node(ts_node *n, node_list *ready) {
     ts_status st = TS_OK;
     ts_tensor *g = n->grad;
@@ -415,13 +423,14 @@ static ts_status run_node(ts_node *n, node_list *ready) {
             ts_tensor *fit = fit_grad(n->op, gin[i], x);
             if (!fit) st = ts_last_status();
             else if (x->grad_fn) st = accumulate_pending(&x->grad_fn->grad, fit);
-            else {
+            else
                 st = ts_grad_accumulate(&x->grad, fit);
-                if (!st && x->grad_hook) st = x->grad_hook(x, x->grad_hook_ctx);
-            }
             ts_tensor_release(fit);
         }
         ts_tensor_release(gin[i]);
+        /* a hooked leaf's last gradient of the pass (or one it will not get) */
+        if (!st && x && !x->grad_fn && x->grad_hook && x->hook_pass == n->visit && --x->hook_due == 0 && x->grad)
+            st = x->grad_hook(x, x->grad_hook_ctx);
         if (x && x->grad_fn && x->requires_grad && x->grad_fn->visit == n->visit && --x->grad_fn->pending == 0 &&
             !st)
             st = list_push(ready, x->grad_fn);

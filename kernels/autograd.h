@@ -115,10 +115,10 @@ void ts_node_release(ts_node *node);
 
 /* Backpropagates from t. With grad NULL, t must hold one element (grad 1);
  * else grad has t's shape. Fails if t does not require grad, or its graph
- * was already consumed by an earlier backward. Each time the pass adds
- * into a leaf's .grad, the leaf's grad_hook (tensor.h) runs; the first
- * hook that fails stops the pass, and ts_backward returns that hook's
- * status and message. */
+ * was already consumed by an earlier backward. Once the pass has added the
+ * last of its gradients into a leaf's .grad, the leaf's grad_hook
+ * (tensor.h) runs, once per pass; the first hook that fails stops the
+ * pass, and ts_backward returns that hook's status and message. */
 ts_status ts_backward(ts_tensor *t, ts_tensor *grad);
 
 /* Sets requires_grad on a leaf (fails on a tensor with history). */

@@ -73,11 +73,14 @@ typedef struct ts_tensor {
     struct ts_tensor *grad; /* accumulated gradient of a leaf, or NULL */
     ts_node *grad_fn;       /* node that produced this tensor, or NULL */
     bool packed; /* a bf16 copy of an f32 tensor kept by a node (autograd.c) */
-    /* called after a backward pass accumulated into this leaf's grad; a
-     * failure (an error recorded with ts_error) stops the backward pass,
-     * which returns the hook's status */
+    /* called once per backward pass, when the pass has added the last of
+     * its gradients into this leaf's grad (a data-parallel strategy may
+     * send it from then on); a failure (an error recorded with ts_error)
+     * stops the pass, which returns the hook's status */
     ts_status (*grad_hook)(struct ts_tensor *t, void *ctx);
     void *grad_hook_ctx;
+    unsigned hook_pass; /* the pass that counted hook_due (autograd.c) */
+    int hook_due;       /* that pass's gradients still to come into grad */
 } ts_tensor;
 
 /* dtype facts */

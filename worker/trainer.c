@@ -98,6 +98,35 @@ static ts_status setup_optimizer(ts_trainer *t) {
 
 ts_status ts_trainer_load(ts_trainer *t, const char *dir) { return t->strategy->ops->load(t->strategy, dir); }
 
+/* A parameter's gradient hook: on the step's last micro-batch, tells the
+ * strategy that the parameter's range of the flat gradients is final (a
+ * data-parallel strategy starts sending it while backward goes on). */
+static ts_status param_ready(ts_tensor *leaf, void *ctx) {
+    (void)leaf;
+    const ts_param_hook *h = ctx;
+    ts_trainer *t = h->trainer;
+    if (!t->last_micro || t->ready[h->index]) return TS_OK;
+    t->ready[h->index] = true;
+    const ts_param *p = &t->model->params[h->index];
+    return t->strategy->ops->grads_ready(t->strategy, p->offset, p->numel);
+}
+
+/* Hooks every parameter's gradient (f32 compute; with bf16 compute the
+ * f32 gradients are only final after the fold, announced then). */
+static ts_status hook_params(ts_trainer *t) {
+    ts_model *m = t->model;
+    t->ready = calloc((size_t)m->n_params + 1, sizeof *t->ready);
+    t->hooks = calloc((size_t)m->n_params + 1, sizeof *t->hooks);
+    if (!t->ready || !t->hooks) return ts_error(TS_ERR_MEMORY, "trainer: out of memory for %d hooks", m->n_params);
+    for (int i = 0; m->compute_dtype == TS_F32 && i < m->n_params; i++) {
+        t->hooks[i] = (ts_param_hook){t, i};
+        ts_tensor *leaf = ts_model_grad_leaf(m, i);
+        leaf->grad_hook = param_ready;
+        leaf->grad_hook_ctx = &t->hooks[i];
+    }
+    return TS_OK;
+}
+
 /* The optimizer's slice over a model's whole flat buffers. */
 static ts_optim_slice whole_slice(ts_model *m) {
     return (ts_optim_slice){.params = ts_f32(m->flat_params),
@@ -162,6 +191,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
         else if (job->train.bf16) st = ts_model_set_compute_dtype(t->model, TS_BF16);
     }
     if (!st) st = setup_optimizer(t);
+    if (!st) st = hook_params(t);
     if (!st) t->whole = whole_slice(t->model);
     if (!st && run_dir) st = make_dirs(t->run_dir);
     if (!st && run_dir && resume) {
@@ -214,6 +244,8 @@ void ts_trainer_free(ts_trainer *t) {
     ts_optim_groups_free(&t->groups);
     if (t->metrics) fclose(t->metrics);
     ts_strategy_free(t->strategy);
+    free(t->ready);
+    free(t->hooks);
     free(t->job_text);
     free(t);
 }
@@ -253,10 +285,12 @@ ts_status ts_trainer_micro(ts_trainer *t, const ts_batch *b, double scale, doubl
 
 ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples) {
     int k = t->job.train.accum_steps;
-    ts_model_zero_grad(t->model);
-    ts_model_train(t->model, true);
+    ts_model *m = t->model;
+    ts_model_zero_grad(m);
+    ts_model_train(m, true);
     /* one dropout key per step, the same on every process and after resume */
-    t->model->dropout_key = ts_key_fold_in(ts_key_from_seed((uint64_t)t->job.seed ^ 0x64726f70ULL), (uint64_t)t->step);
+    m->dropout_key = ts_key_fold_in(ts_key_from_seed((uint64_t)t->job.seed ^ 0x64726f70ULL), (uint64_t)t->step);
+    memset(t->ready, 0, (size_t)m->n_params * sizeof *t->ready);
     *loss = 0;
     *samples = 0;
     for (int i = 0; i < k; i++) {
@@ -264,15 +298,22 @@ ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples) {
         ts_status st = ts_loader_next(t->loader, &b);
         if (st) return st;
         double l = 0;
+        t->last_micro = i == k - 1;
         st = ts_trainer_micro(t, &b, 1.0 / k, &l);
+        t->last_micro = false;
         /* bf16 compute: add this micro-batch's gradients to the f32 master */
-        if (!st) st = ts_model_fold_compute_grads(t->model, 1.0f);
+        if (!st) st = ts_model_fold_compute_grads(m, 1.0f);
         *samples += b.size;
         ts_batch_release(&b);
         if (st) return st;
         *loss += l / k;
     }
-    return t->strategy->ops->grads_ready(t->strategy, 0, t->model->numel);
+    /* what backward did not announce (bf16 compute, unused parameters) is
+     * final now */
+    ts_status st = TS_OK;
+    for (int i = 0; !st && i < m->n_params; i++)
+        if (!t->ready[i]) st = t->strategy->ops->grads_ready(t->strategy, m->params[i].offset, m->params[i].numel);
+    return st;
 }
 
 ts_status ts_trainer_apply(ts_trainer *t, double *lr, double *grad_norm) {

@@ -44,6 +44,12 @@ typedef struct {
     int64_t predictions;   /* targets scored: samples, or tokens for GPT */
 } ts_eval_stats;
 
+/* The context of one parameter's gradient hook. */
+typedef struct {
+    struct ts_trainer *trainer;
+    int index;
+} ts_param_hook;
+
 struct ts_trainer {
     ts_job job;
     char *job_text;        /* the job as JSON, saved with checkpoints */
@@ -62,6 +68,9 @@ struct ts_trainer {
     FILE *metrics;         /* the leader's metrics.jsonl, else NULL */
     ts_strategy *strategy; /* owned */
     ts_group shard;        /* the (rank, world) the loader is sharded by */
+    bool last_micro;       /* backward of the step's last micro-batch runs */
+    bool *ready;           /* per parameter: announced final this step */
+    ts_param_hook *hooks;  /* the parameters' gradient hooks */
 };
 
 /* Builds everything for job (job_text: its JSON) in run_dir with strategy
@@ -89,9 +98,10 @@ ts_status ts_trainer_steps(const ts_job *job, int world, int64_t *steps);
 ts_status ts_trainer_micro(ts_trainer *t, const ts_batch *b, double scale, double *loss);
 
 /* The gradients of one optimizer step (accum_steps micro-batches from the
- * loader) into the zeroed gradient buffer; mean loss in *loss. After the
- * last micro-batch's backward it tells the strategy the whole buffer is
- * final (grads_ready). */
+ * loader) into the zeroed gradient buffer; mean loss in *loss. During the
+ * last micro-batch's backward it tells the strategy (grads_ready) which
+ * parameter's gradients are final, as soon as they are; whatever was not
+ * announced then (bf16 compute, unused parameters) right after. */
 ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples);
 
 /* Clips the strategy's slices by the job's global gradient norm (reduced by
