@@ -273,6 +273,9 @@ static void test_kill_worker(void **state) {
      * death is announced and the others stop waiting for the dead one */
     const char *bounded = th_path("run-killw-bounded");
     th_proc b = start_run("killw-bounded", job, bounded, "parallel.consistency=\"bounded\"", NULL);
+    /* the workers do not wait for each other: the leader may pass step 40
+     * before the third worker has joined */
+    if (th_wait_count(&b, "] joined rank=", 5, 30000) != 0) th_dump(&b, "not 2 ps and 3 workers joined");
     th_expect_output(&b, "step 40/240", 30000);
     victim = pid_of(&b, "worker", 4);
     assert_true(victim > 0);
