@@ -58,6 +58,19 @@ static inline int bench_run_child(const char *bench, const char *cmd, bench_pars
     return 0;
 }
 
+/* The environment that holds PyTorch's own kernels to the vector ISA of
+ * Tessera's CPU capability cap ("default", "avx2", "avx512"): ATen's
+ * dispatch (ATEN_CPU_CAPABILITY) and oneDNN's, which runs its convolutions
+ * (ONEDNN_MAX_CPU_ISA; SSE4.1 is its lowest). Both sides call the same
+ * OpenBLAS, which picks its kernels itself. With BENCH_TORCH_NATIVE set
+ * (the benches' --torch-native) PyTorch keeps its best ISA (an empty
+ * assignment of a variable nobody reads). */
+static inline void bench_torch_isa_env(const char *cap, char *buf, size_t n) {
+    const char *dnnl = !strcmp(cap, "default") ? "SSE41" : !strcmp(cap, "avx2") ? "AVX2" : "AVX512_CORE";
+    if (getenv("BENCH_TORCH_NATIVE")) snprintf(buf, n, "BENCH_TORCH_ISA=native");
+    else snprintf(buf, n, "ATEN_CPU_CAPABILITY=%s ONEDNN_MAX_CPU_ISA=%s", cap, dnnl);
+}
+
 /* The CPU's model name from /proc/cpuinfo into buf ("unknown CPU" when
  * it cannot be read), for the line every benchmark table begins with. */
 static inline void bench_cpu_model(char *buf, size_t cap) {

@@ -7,9 +7,8 @@
  * TESSERA_NUM_THREADS knob; torch.set_num_threads plus OpenBLAS's count)
  * and under every CPU capability this machine offers: the bench runs
  * itself again per capability with TESSERA_CPU_CAPABILITY set, each run
- * against its own PyTorch server with ATEN_CPU_CAPABILITY set to the same
- * (PyTorch's own kernels at that vector ISA; both call the same OpenBLAS,
- * which chooses its kernels itself). The first line gives the CPU model and
+ * against its own PyTorch server whose own kernels are held to the same
+ * vector ISA (bench_torch_isa_env). The first line gives the CPU model and
  * its measured FMA peak (fma_peak.h).
  * The PyTorch side is bench/kernels_torch.py, run by /usr/bin/python3 as a
  * server: each repetition runs Tessera then PyTorch, so load on a shared
@@ -19,7 +18,8 @@
  * sleep (ts_threads_passive); the PyTorch server inherits it.
  *
  * usage: bench_kernels [--reps N] [--warmup N] [--threads 1,2] [--cases matmul,layernorm,attention]
- *                      [--capabilities default,avx2,avx512]
+ *                      [--capabilities default,avx2,avx512] [--torch-native]
+ * (--torch-native: PyTorch keeps its best vector ISA in every row)
  */
 #include <signal.h>
 #include <stdarg.h>
@@ -260,8 +260,10 @@ static int run_capability(const char *cap, int argc, char **argv) {
         args[n++] = "--child";
         args[n++] = (char *)cap;
         args[n] = NULL;
+        char isa[128];
+        bench_torch_isa_env(cap, isa, sizeof isa); /* the PyTorch server's kernels alike */
         setenv("TESSERA_CPU_CAPABILITY", cap, 1);
-        setenv("ATEN_CPU_CAPABILITY", cap, 1); /* the PyTorch server's kernels alike */
+        for (char *save = NULL, *kv = strtok_r(isa, " ", &save); kv; kv = strtok_r(NULL, " ", &save)) putenv(kv);
         execv("/proc/self/exe", args);
         perror("bench_kernels: exec");
         _exit(127);
@@ -282,10 +284,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--cases") && i + 1 < argc) want = argv[++i];
         else if (!strcmp(argv[i], "--capabilities") && i + 1 < argc) caps = argv[++i];
         else if (!strcmp(argv[i], "--child") && i + 1 < argc) child = argv[++i];
+        else if (!strcmp(argv[i], "--torch-native")) setenv("BENCH_TORCH_NATIVE", "1", 1);
         else {
             fprintf(stderr,
                     "usage: %s [--reps N] [--warmup N] [--threads 1,2] [--cases matmul,layernorm,attention] "
-                    "[--capabilities default,avx2,avx512]\n",
+                    "[--capabilities default,avx2,avx512] [--torch-native]\n",
                     argv[0]);
             return 2;
         }
@@ -328,8 +331,9 @@ int main(int argc, char **argv) {
         }
         missed += m;
     }
-    printf("(ratio = tessera / torch; cpu caps = TESSERA_CPU_CAPABILITY and ATEN_CPU_CAPABILITY of the run; medians of %d reps (x4 "
-           "layernorm, x2 attention) after %d warm-up, interleaved; ! = target missed: %d)\n",
+    printf("(ratio = tessera / torch; cpu caps = TESSERA_CPU_CAPABILITY, and %s; medians of %d reps (x4 layernorm, x2 "
+           "attention) after %d warm-up, interleaved; ! = target missed: %d)\n",
+           getenv("BENCH_TORCH_NATIVE") ? "PyTorch at its best ISA in every row" : "the ISA of PyTorch's own kernels",
            reps, warmup, missed);
     return 0;
 }

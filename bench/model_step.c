@@ -20,9 +20,8 @@
  *   step (ts_alloc_get_stats().peak after ts_alloc_reset_peak()).
  * Time: median of the steps after warm-up. Ratio = Tessera / PyTorch.
  * Each row is one CPU capability this machine offers: Tessera with
- * TESSERA_CPU_CAPABILITY, PyTorch with ATEN_CPU_CAPABILITY set to it (its
- * own kernels' vector ISA; both call the same OpenBLAS, which picks its
- * kernels itself). The first line gives the CPU model and its measured FMA
+ * TESSERA_CPU_CAPABILITY, PyTorch with its own kernels held to the same
+ * vector ISA (bench_torch_isa_env). The first line gives the CPU model and its measured FMA
  * peak (fma_peak.h); each GPT row gives the step's matrix-product work
  * over its time, and that as a share of the peak.
  * Both children run with OMP_WAIT_POLICY=passive and
@@ -31,6 +30,8 @@
  * instead of spinning on the cores the other pool's threads need.
  *
  * Usage: bench_model_step [--steps N] [--warmup N] [--capabilities default,avx2,avx512] [--cpu-time]
+ *                         [--torch-native]
+ * (--torch-native: PyTorch keeps its best vector ISA in every row)
  * (--cpu-time: steps timed by process CPU time, both sides; for a loaded
  * machine, meaningful at one thread)
  */
@@ -250,8 +251,10 @@ int main(int argc, char **argv) {
             caps = argv[++i];
         } else if (!strcmp(argv[i], "--cpu-time")) {
             setenv("BENCH_CLOCK", "cpu", 1);
+        } else if (!strcmp(argv[i], "--torch-native")) {
+            setenv("BENCH_TORCH_NATIVE", "1", 1);
         } else {
-            fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--capabilities default,avx2,avx512] [--cpu-time]\n",
+            fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--capabilities default,avx2,avx512] [--cpu-time] [--torch-native]\n",
                     argv[0]);
             return 2;
         }
@@ -278,10 +281,13 @@ int main(int argc, char **argv) {
     printf("one training step (forward, cross-entropy, backward, AdamW), median of %d after %d warm-up\n", steps,
            warmup);
     printf("GPT: L=4 C=256 H=4 T=128 B=8 V=256 (%.2f GFLOP of matrix products a step); CNN: B=64 1x28x28 16/32 ch k5.\n"
-           "ratio = Tessera / PyTorch; caps = TESSERA_CPU_CAPABILITY of the Tessera run and ATEN_CPU_CAPABILITY of\n"
-           "the PyTorch run it is compared with; GFLOP/s = the GPT's matrix products over the whole step time, and\n"
-           "that as a share of the FMA peak at the same thread count\n",
-           gpt_matmul_flops() / 1e9);
+           "ratio = Tessera / PyTorch; caps = TESSERA_CPU_CAPABILITY of the Tessera run, and %s;\n"
+           "GFLOP/s = the GPT's matrix products over the whole step time, and that as a share of the FMA peak at\n"
+           "the same thread count\n",
+           gpt_matmul_flops() / 1e9,
+           getenv("BENCH_TORCH_NATIVE") ? "PyTorch at its best ISA in every row (--torch-native)"
+                                        : "the ISA PyTorch's own kernels were held to (ATEN_CPU_CAPABILITY, "
+                                          "ONEDNN_MAX_CPU_ISA)");
     printf("%-4s %-7s %3s | %10s %10s %6s | %9s %9s %6s | %9s %9s %6s | %9s | %7s %6s\n", "", "caps", "thr",
            "tessera ms", "torch ms", "ratio", "ts rssMB", "pt rssMB", "ratio", "ts stepMB", "pt stepMB", "ratio",
            "ts allocMB", "GFLOP/s", "%peak");
@@ -290,12 +296,13 @@ int main(int argc, char **argv) {
     for (int mi = 0; mi < 2; mi++)
         for (int threads = 1; threads <= 2; threads++)
             for (int ci = 0; ci < ncaps; ci++) {
-                char cmd[1024];
+                char cmd[1024], isa[128];
                 result pt, *ts = &f32[mi][threads - 1][ci];
+                bench_torch_isa_env(run_caps[ci], isa, sizeof isa);
                 snprintf(cmd, sizeof cmd,
-                         "OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 ATEN_CPU_CAPABILITY=%s /usr/bin/python3 "
+                         "OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 %s /usr/bin/python3 "
                          "%s/bench/model_step_torch.py %s %d %d %d",
-                         run_caps[ci], TESSERA_SOURCE_DIR, models[mi], threads, warmup, steps);
+                         isa, TESSERA_SOURCE_DIR, models[mi], threads, warmup, steps);
                 if (run_child(cmd, &pt) || run_tessera(models[mi], run_caps[ci], threads, steps, warmup, ts)) return 1;
                 printf("%-4s %-7s %3d | %10.2f %10.2f %6.2f | %9.1f %9.1f %6.2f | %9.1f %9.1f %6.2f | %9.1f", models[mi],
                        run_caps[ci], threads, ts->ms, pt.ms, ts->ms / pt.ms, ts->rss_mb, pt.rss_mb,

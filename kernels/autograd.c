@@ -326,6 +326,34 @@ mismatch:
     return NULL;
 }
 
+/* The view of t that is x's narrow window of node n (no history). */
+static ts_tensor *window_of(const ts_node *n, ts_tensor *t, const ts_tensor *part) {
+    return ts_tensor_from_storage(t->storage, t->dtype, t->offset + n->window_start * t->strides[n->window_dim], t->ndim,
+                                  part->shape, t->strides);
+}
+
+/* Adds part, the gradient of node n's window of input x, into *slot (x's
+ * pending gradient, or a leaf's .grad when leaf): into a zero gradient
+ * made for it when there is none, in place when nothing else can see the
+ * slot (a leaf's grad always), else into a fresh copy. */
+static ts_status accumulate_window(const ts_node *n, ts_tensor **slot, const ts_tensor *x, ts_tensor *part,
+                                   bool leaf) {
+    ts_tensor *s = *slot, *sum = NULL;
+    if (!s)
+        sum = ts_tensor_zeros_on(ts_tensor_device(part), x->dtype, x->ndim, x->shape);
+    else if (!leaf && !(s->refcount == 1 && s->storage->refcount == 1 && ts_tensor_is_contiguous(s)))
+        sum = ts_tensor_copy_as(s, s->dtype);
+    if (!s || sum != NULL) {
+        if (!sum) return ts_last_status();
+        ts_tensor_release(s);
+        *slot = s = sum;
+    }
+    ts_tensor *w = window_of(n, s, part);
+    ts_status st = w ? ts_tensor_add_(w, part) : ts_last_status();
+    ts_tensor_release(w);
+    return st;
+}
+
 /* Brings a gradient to input x's shape and dtype (new reference). */
 static ts_tensor *fit_grad(const char *op, ts_tensor *g, const ts_tensor *x) {
     ts_tensor *r = ts_sum_to(g, x->ndim, x->shape);
@@ -420,11 +448,13 @@ static ts_status run_node(ts_node *n, node_list *ready) {
     for (int i = 0; i < n->n_inputs; i++) {
         ts_tensor *x = n->inputs[i];
         if (!st && gin[i] && x && x->requires_grad) {
-            ts_tensor *fit = fit_grad(n->op, gin[i], x);
+            bool window = n->window && i == 0;
+            ts_tensor *fit = window ? ts_tensor_retain(gin[i]) : fit_grad(n->op, gin[i], x);
+            ts_tensor **slot = x->grad_fn ? &x->grad_fn->grad : &x->grad;
             if (!fit) st = ts_last_status();
-            else if (x->grad_fn) st = accumulate_pending(&x->grad_fn->grad, fit);
-            else
-                st = ts_grad_accumulate(&x->grad, fit);
+            else if (window) st = accumulate_window(n, slot, x, fit, !x->grad_fn);
+            else if (x->grad_fn) st = accumulate_pending(slot, fit);
+            else st = ts_grad_accumulate(slot, fit);
             ts_tensor_release(fit);
         }
         ts_tensor_release(gin[i]);

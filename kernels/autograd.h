@@ -38,6 +38,13 @@ struct ts_node {
     double fargs[8];
     void *ctx;                           /* op-owned extra state */
     void (*ctx_free)(void *ctx);
+    /* set by an op whose input 0 gets a gradient on one slice only
+     * (narrow): the backward returns that slice's gradient, and the engine
+     * adds it into input 0's gradient at window_start along window_dim
+     * (zeros elsewhere) without making a zero tensor per slice */
+    bool window;
+    int window_dim;
+    int64_t window_start;
     /* engine state */
     _Atomic int refcount;
     int out_ndim;

@@ -157,18 +157,11 @@ ts_tensor *ts_transpose(ts_tensor *x, int d0, int d1) {
 
 /* ---- narrow ---- */
 
+/* The gradient of the slice; the engine adds it into the input's
+ * gradient at the node's window (see ts_node). */
 static ts_status narrow_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
-    ts_tensor *x = n->inputs[0];
-    ts_tensor *full = ts_tensor_zeros_on(ts_tensor_device(g), g->dtype, x->ndim, x->shape);
-    if (!full) return ts_last_status();
-    ts_tensor *part = ts_narrow(full, (int)n->iargs[0], n->iargs[1], g->shape[n->iargs[0]]);
-    ts_status st = part ? ts_tensor_copy_(part, g) : ts_last_status();
-    ts_tensor_release(part);
-    if (st) {
-        ts_tensor_release(full);
-        return st;
-    }
-    gin[0] = full;
+    (void)n;
+    gin[0] = ts_tensor_retain(g);
     return TS_OK;
 }
 
@@ -190,8 +183,9 @@ ts_tensor *ts_narrow(ts_tensor *x, int dim, int64_t start, int64_t len) {
     ts_node *node = out ? ts_autograd_record(out, "narrow", narrow_backward, 1, &x) : NULL;
     ts_node_forget_input_data(node, 0);
     if (node) {
-        node->iargs[0] = d;
-        node->iargs[1] = start;
+        node->window = true;
+        node->window_dim = d;
+        node->window_start = start;
     }
     return out;
 }
