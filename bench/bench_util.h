@@ -17,6 +17,17 @@ static inline double bench_now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* The clock a benchmark times its runs with: the monotonic clock, or the
+ * process's CPU time when BENCH_CLOCK=cpu (the benches' --cpu-time: robust
+ * on a loaded machine, meaningful for one thread). Milliseconds. */
+static inline double bench_clock_ms(void) {
+    const char *clock = getenv("BENCH_CLOCK");
+    if (!clock || strcmp(clock, "cpu")) return bench_now_ms();
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 static inline int bench_cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);

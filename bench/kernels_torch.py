@@ -11,6 +11,7 @@ Cases and shapes are those of bench/kernels.c. Run by bench_kernels with
 import ctypes
 import math
 import sys
+import os
 import time
 
 import torch
@@ -30,10 +31,15 @@ def set_threads(n):
         return -1
 
 
+# the clock: wall time, or the process's CPU time when BENCH_CLOCK=cpu
+# (bench_kernels --cpu-time)
+clock = time.process_time if os.environ.get("BENCH_CLOCK") == "cpu" else time.perf_counter
+
+
 def timed(fn):
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
-    return (time.perf_counter() - t0) * 1e3
+    return (clock() - t0) * 1e3
 
 
 def matmul_case(name, g):

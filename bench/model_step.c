@@ -57,16 +57,6 @@ typedef struct {
     double ms, rss_mb, step_rss_mb, alloc_mb;
 } result;
 
-/* BENCH_CLOCK=cpu (set by --cpu-time, inherited by every child): steps
- * are timed by the process's CPU time rather than the wall clock, which
- * holds on a loaded machine for one thread. */
-static double step_clock_ms(void) {
-    const char *clock = getenv("BENCH_CLOCK");
-    if (!clock || strcmp(clock, "cpu")) return bench_now_ms();
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 /* A "VmRSS:" / "VmHWM:" field of /proc/self/status, in MiB. */
 static double proc_mb(const char *field) {
@@ -156,7 +146,7 @@ static int run_one(const char *model, int threads, int warmup, int steps, result
             rss_before = proc_mb("VmRSS:");
             ts_alloc_reset_peak();
         }
-        double t0 = step_clock_ms();
+        double t0 = bench_clock_ms();
         ts_model_zero_grad(m);
         ts_tensor *logits = ts_model_forward(m, x);
         ts_tensor *flat = logits ? ts_reshape(logits, 2, (int64_t[]){-1, classes}) : NULL;
@@ -174,7 +164,7 @@ static int run_one(const char *model, int threads, int warmup, int steps, result
             fprintf(stderr, "model_step: %s\n", ts_last_error());
             return 1;
         }
-        double t1 = step_clock_ms();
+        double t1 = bench_clock_ms();
         if (it >= warmup) times[it - warmup] = t1 - t0;
         if (last) {
             step_rss = proc_mb("VmHWM:") - rss_before;
