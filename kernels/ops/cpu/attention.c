@@ -23,20 +23,20 @@
 /* Query rows per block: the scores of one block are computed, normalised
  * and multiplied by V while they are in cache. */
 #define ROW_BLOCK 64
-/* The register tile of the matrix kernel, MR rows x NV vectors of
- * accumulators, sized for the register file: with 32 registers 8 x 2 (16
- * accumulators, the B vectors and the broadcast A values alongside); with
- * 16, 6 x 2 (12 + 2 + 1, the classic AVX2 tile). */
 /* SSE has no broadcast load: a scalar times a vector costs a shuffle per
  * element, on the ports the multiplies and adds need. There each row tile
  * of A is packed once into vectors of one element repeated (reused by
- * every column tile); with AVX and NEON the broadcast is free. Without FMA
- * a product needs a register of its own, so the SSE tile is smaller. */
+ * every column tile); with AVX and NEON the broadcast is free. */
 #if defined(__SSE2__) && !defined(__AVX__)
 #define PACK_A 1
 #else
 #define PACK_A 0
 #endif
+/* The register tile of the matrix kernel, MR rows x NV vectors of
+ * accumulators, sized for the register file: with 32 registers 8 x 2 (16
+ * accumulators, the B vectors and the broadcast A values alongside); with
+ * 16, 6 x 2 (12 + 2 + 1, the classic AVX2 tile); with 16 and no FMA (SSE),
+ * where a product needs a register of its own, 4 x 2. */
 #if TS_VEC_REGS >= 32
 #define MR 8
 #elif PACK_A
