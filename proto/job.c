@@ -44,10 +44,11 @@ typedef struct field {
     const struct field *children;  /* FIELD_SECTION, {0}-terminated */
 } field;
 
-static const char *const strategy_names[] = {"local", "standin", "ps", "ddp", NULL};
+static const char *const strategy_names[] = {"local", "standin", "ps", "ddp", "pipeline", NULL};
 static const char *const consistency_names[] = {"sync", "async", "bounded", NULL};
 static const char *const wire_dtype_names[] = {"f32", "bf16", NULL};
 static const char *const transport_names[] = {"tcp", "ipc", NULL};
+static const char *const pipe_schedule_names[] = {"1f1b", "gpipe", NULL};
 
 static const char name_charset[] =
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-";
@@ -91,6 +92,12 @@ static const field parallel_fields[] = {
     INTS_FIELD("placement", parallel.placement, "[]", 0, 255),
     REAL_FIELD("bucket_mb", parallel.bucket_mb, "25", 0.0001, 4096),
     ENUM_FIELD("transport", parallel.transport, "\"tcp\"", transport_names),
+    INT_FIELD("stages", parallel.stages, "2", 1, 1024),
+    INTS_FIELD("pipeline_stages", parallel.pipeline_stages, "[]", 1, 1 << 20),
+    INT_FIELD("micro_batches", parallel.micro_batches, "1", 1, 4096),
+    ENUM_FIELD("schedule", parallel.schedule, "\"1f1b\"", pipe_schedule_names),
+    INT_FIELD("data_parallel", parallel.data_parallel, "1", 1, 1024),
+    BOOL_FIELD("timeline", parallel.timeline, "false"),
     {0},
 };
 
@@ -385,9 +392,40 @@ static ts_status fill_section(const field *table, json_t *obj,
     return TS_OK;
 }
 
+/* Strategy "pipeline": P stages times D replicas are the job's workers
+ * (parallel.workers may say so or be left at 1), none joins later, and the
+ * batch splits into the micro-batches. */
+static ts_status finish_pipeline(ts_job *job) {
+    ts_job_parallel *p = &job->parallel;
+    if (p->strategy != TS_STRATEGY_PIPELINE) return TS_OK;
+    int w = p->stages * p->data_parallel;
+    if (p->stages < 2)
+        return ts_error(TS_ERR_VALUE, "parallel.stages: strategy \"pipeline\" needs at least 2 stages, got %d",
+                        p->stages);
+    if (p->pipeline_stages.n && p->pipeline_stages.n != p->stages)
+        return ts_error(TS_ERR_VALUE, "parallel.pipeline_stages: %d stages listed but parallel.stages is %d",
+                        p->pipeline_stages.n, p->stages);
+    if (p->workers != 1 && p->workers != w)
+        return ts_error(TS_ERR_VALUE, "parallel.workers: %d, but a pipeline of %d stages x %d replicas "
+                        "(parallel.data_parallel) has %d workers", p->workers, p->stages, p->data_parallel, w);
+    if ((p->min_workers && p->min_workers != w) || (p->max_workers && p->max_workers != w))
+        return ts_error(TS_ERR_VALUE, "parallel.min_workers/max_workers: a pipeline runs with exactly its %d "
+                        "workers (%d stages x %d replicas)", w, p->stages, p->data_parallel);
+    if (job->train.batch_size % p->micro_batches)
+        return ts_error(TS_ERR_VALUE, "parallel.micro_batches: train.batch_size %lld does not split into %d "
+                        "micro-batches", (long long)job->train.batch_size, p->micro_batches);
+    if (job->train.accum_steps != 1)
+        return ts_error(TS_ERR_VALUE, "train.accum_steps: %d; a pipeline accumulates its micro-batches "
+                        "(parallel.micro_batches) instead", job->train.accum_steps);
+    p->workers = p->min_workers = p->max_workers = w;
+    return TS_OK;
+}
+
 /* Derived defaults and checks that involve more than one field. */
 static ts_status finish_job(ts_job *job) {
     ts_job_parallel *p = &job->parallel;
+    ts_status st = finish_pipeline(job);
+    if (st) return st;
     if (p->min_workers == 0) p->min_workers = p->workers;
     if (p->max_workers == 0)
         p->max_workers = p->workers > p->min_workers ? p->workers : p->min_workers;

@@ -27,6 +27,7 @@ typedef enum {
     TS_STRATEGY_STANDIN,   /* replicas in lock step: step-done + barrier */
     TS_STRATEGY_PS,        /* parameter servers: workers push and pull (issue 13) */
     TS_STRATEGY_DDP,       /* all-reduce data parallelism (issue 14) */
+    TS_STRATEGY_PIPELINE,  /* the model cut by layers into stages (issue 16) */
 } ts_job_strategy;
 
 /* When a parameter server applies pushed gradients (parallel.consistency). */
@@ -38,6 +39,9 @@ typedef enum {
 
 /* What gradients travel as (parallel.wire_dtype). */
 typedef enum { TS_WIRE_F32, TS_WIRE_BF16 } ts_job_wire_dtype;
+
+/* The order of a pipeline stage's micro-batches (parallel.schedule). */
+typedef enum { TS_PIPE_1F1B, TS_PIPE_GPIPE } ts_job_pipe_schedule;
 
 /* How workers of one host reach each other (parallel.transport). */
 typedef enum { TS_TRANSPORT_TCP, TS_TRANSPORT_IPC } ts_job_transport;
@@ -71,6 +75,13 @@ typedef struct {
                                  each worker (cycled); empty = round robin */
     double bucket_mb;                   /* ddp: gradient bucket size (MiB) */
     ts_job_transport transport;         /* tcp, or ipc for one-host jobs */
+    int stages;               /* pipeline: P stages */
+    ts_job_ints pipeline_stages; /* pipeline: units of each stage; empty = cut
+                                    by a profiling pass */
+    int micro_batches;        /* pipeline: M micro-batches per batch */
+    ts_job_pipe_schedule schedule; /* pipeline: 1f1b or gpipe */
+    int data_parallel;        /* pipeline: D copies of the pipeline */
+    int timeline;             /* pipeline: each stage writes its busy intervals */
 } ts_job_parallel;
 
 /* Strategy "standin" (worker/strategy_standin.c): workers train their own

@@ -105,14 +105,25 @@ int ts_worker_run(const ts_worker_options *o) {
     ts_strategy_options so = {.job = o->job, .in_job = o->scheduler != NULL, .key_file = o->key_file,
                               .mpi_comm = o->mpi_comm};
     ts_strategy *s = ts_strategy_create(&so);
+    ts_member *m = NULL;
+    bool refused = false; /* the join failed and said why */
+    /* a strategy whose units depend on the rank joins first; the others
+     * build data and model first, so that they take part at once */
+    if (s && s->join_first && o->scheduler) {
+        if ((m = join(o, s->address))) {
+            s->member = m;
+        } else {
+            ts_strategy_free(s);
+            s = NULL;
+            refused = true;
+            ts_error(TS_ERR_PEER, "join failed");
+        }
+    }
     char *text = s ? job_text(o->job) : NULL;
-    /* data and model first: a worker joins when it can take part at once */
     ts_trainer *t = s ? ts_trainer_create(o->job, text, o->run_dir, o->resume, s) : NULL;
     free(text);
-    ts_member *m = NULL;
     ts_status st = t ? TS_OK : ts_last_status();
-    bool refused = false; /* the join failed and said why */
-    if (!st && o->scheduler && !(m = join(o, s->address))) {
+    if (!st && o->scheduler && !m && !(m = join(o, s->address))) {
         st = TS_ERR_PEER;
         refused = true;
     }

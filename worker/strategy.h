@@ -30,6 +30,9 @@
  *   when asked
  *     reduce_sums  sums n numbers over the data-parallel group, in place
  *                  (evaluation: each rank scores every world-th batch)
+ *     forward      (optional; NULL: the model's own forward) the logits of
+ *                  an evaluation batch where this process has them, or NULL
+ *                  where it has not (a pipeline stage before the last)
  *     save, load   what this process holds, in a checkpoint folder
  *
  * A strategy fills every hook; the local ones (strategy_local.c) are the
@@ -77,6 +80,7 @@ typedef struct {
     void (*slices)(ts_strategy *s, const ts_optim_slice **slices, int *n);
     ts_status (*reduce_sq_norm)(ts_strategy *s, double local, double *global);
     ts_status (*reduce_sums)(ts_strategy *s, double *v, int n);
+    ts_status (*forward)(ts_strategy *s, ts_tensor *x, ts_tensor **out);
     ts_status (*end_step)(ts_strategy *s, int64_t step);
     ts_status (*save)(ts_strategy *s, char *path, size_t cap);
     ts_status (*load)(ts_strategy *s, const char *dir);
@@ -90,6 +94,8 @@ struct ts_strategy {
     bool finished;       /* the job ended for this process (the scheduler shut
                           * it down): the loop stops without a step */
     bool in_job;         /* the process is one node of a job's cluster */
+    bool join_first;     /* joins the job before the model is built (its
+                          * units depend on its rank: a pipeline stage) */
     char address[TS_PROTO_ADDR_MAX + 1]; /* where peers reach this process,
                           * announced when it joins ("" none) */
     ts_member *member;   /* the job's scheduler client (set after the join,
@@ -119,6 +125,7 @@ ts_strategy *ts_strategy_local_new(const ts_strategy_options *o);
 ts_strategy *ts_strategy_standin_new(const ts_strategy_options *o);
 ts_strategy *ts_strategy_ps_new(const ts_strategy_options *o);
 ts_strategy *ts_strategy_ddp_new(const ts_strategy_options *o);
+ts_strategy *ts_strategy_pipeline_new(const ts_strategy_options *o);
 
 /* For cluster strategies: takes the generation the scheduler announced
  * since the last call (the first call: the join's) and returns whether
@@ -144,7 +151,8 @@ ts_status ts_strategy_sums_here(ts_strategy *s, double *v, int n);
 void ts_strategy_whole_model(ts_strategy *s, const ts_optim_slice **slices, int *n);
 
 /* Saves / loads the whole model, optimizer state, loader position and job
- * as one checkpoint in the run folder (the trainer's files). */
+ * as one checkpoint in the run folder (the trainer's files); load also
+ * takes a pipeline's checkpoint of stages (checkpoint_parts.h). */
 ts_status ts_strategy_save_whole(ts_strategy *s, char *path, size_t cap);
 ts_status ts_strategy_load_whole(ts_strategy *s, const char *dir);
 

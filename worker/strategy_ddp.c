@@ -2,12 +2,13 @@
  * PyTorch DDP and Horovod.
  *
  * Every worker holds the whole model and trains on its shard of each step's
- * data. The flat gradient buffer is cut into buckets (parallel.bucket_mb)
- * from its end, in reverse registration order; as soon as backward has
- * finished a bucket's gradients on the step's last micro-batch, the bucket
- * is averaged over the workers by the communicator's progress thread while
- * backward goes on; then every worker applies the same optimizer step.
- * parallel.wire_dtype "bf16" sends bf16 copies (reduced in f32).
+ * data. The flat gradient buffer is cut into buckets (parallel.bucket_mb,
+ * buckets.h) from its end, in reverse registration order; as soon as
+ * backward has finished a bucket's gradients on the step's last
+ * micro-batch, the bucket is averaged over the workers by the
+ * communicator's progress thread while backward goes on; then every worker
+ * applies the same optimizer step. parallel.wire_dtype "bf16" sends bf16
+ * copies (reduced in f32).
  *
  * The communicator is the ring over each worker's port (collective/ring.h;
  * its endpoint is the address the worker joins with), or MPI's under
@@ -29,6 +30,7 @@
 #include "collective/mpi.h"
 #include "collective/ring.h"
 #include "kernels/clock.h"
+#include "worker/buckets.h"
 #include "worker/strategy.h"
 #include "worker/trainer.h"
 
@@ -36,19 +38,11 @@
 #define LOOK_MS 20
 
 typedef struct {
-    int64_t lo, hi;    /* range of the flat gradient buffer */
-    int64_t ready;     /* elements whose gradients are final this step */
-    ts_comm_req *req;  /* its all-reduce in flight, or NULL */
-} bucket;
-
-typedef struct {
     ts_strategy base;
     ts_ring_port *port;      /* ring backend: this worker's port */
     void *mpi_comm;          /* MPI backend: the workers' MPI_Comm * */
     ts_comm *comm;           /* this generation's communicator */
-    bucket *buckets;
-    int nbuckets;
-    uint16_t *wire;          /* bf16 copies of the gradients, or NULL */
+    ts_buckets *buckets;
     /* the next generation, when the scheduler announced one */
     bool pending;
     uint64_t next_generation;
@@ -229,10 +223,7 @@ static ts_status regroup_mpi(ddp_strategy *d) {
 static void drop_comm(ddp_strategy *d) {
     if (!d->comm) return;
     ts_comm_abort(d->comm);
-    for (int i = 0; i < d->nbuckets; i++) {
-        if (d->buckets[i].req) ts_comm_wait(d->buckets[i].req);
-        d->buckets[i].req = NULL;
-    }
+    if (d->buckets) ts_buckets_drop(d->buckets);
     ts_comm_free(d->comm);
     d->comm = NULL;
 }
@@ -256,68 +247,17 @@ static ts_status regroup(ddp_strategy *d) {
 
 /* ---- buckets ---- */
 
-/* Cuts [0, numel) into buckets of about bucket_mb from the end, at
- * parameter boundaries. */
-static ts_status make_buckets(ddp_strategy *d) {
-    const ts_model *m = d->base.trainer->model;
-    const ts_job_parallel *p = &d->base.trainer->job.parallel;
-    int64_t target = (int64_t)(p->bucket_mb * (1 << 20) / sizeof(float));
-    if (target < 1) target = 1;
-    d->buckets = calloc((size_t)m->n_params + 1, sizeof *d->buckets);
-    if (!d->buckets) return ts_error(TS_ERR_MEMORY, "ddp: out of memory for buckets");
-    int64_t hi = m->numel;
-    for (int i = m->n_params - 1; i >= 0; i--) {
-        int64_t lo = m->params[i].offset;
-        if (hi - lo >= target || i == 0) {
-            d->buckets[d->nbuckets++] = (bucket){.lo = i == 0 ? 0 : lo, .hi = hi};
-            hi = lo;
-        }
-    }
-    if (p->wire_dtype == TS_WIRE_BF16 && !(d->wire = malloc((size_t)(m->numel + 1) * 2)))
-        return ts_error(TS_ERR_MEMORY, "ddp: out of memory for bf16 gradients of %lld elements", (long long)m->numel);
-    return TS_OK;
-}
-
-/* Starts the all-reduce (average) of bucket b. */
-static ts_status launch(ddp_strategy *d, bucket *b) {
-    float *g = ts_f32(d->base.trainer->model->flat_grads);
-    ts_comm_op op = {.kind = TS_COMM_ALLREDUCE, .count = b->hi - b->lo, .op = TS_REDUCE_AVG,
-                     .step = d->base.trainer->step + 1};
-    if (d->wire) {
-        for (int64_t i = b->lo; i < b->hi; i++) d->wire[i] = ts_bf16_from_f32(g[i]);
-        op.send = op.recv = d->wire + b->lo;
-        op.dtype = TS_BF16;
-    } else {
-        op.send = op.recv = g + b->lo;
-        op.dtype = TS_F32;
-    }
-    return ts_comm_start(d->comm, &op, &b->req);
-}
-
-/* Waits for every bucket's all-reduce, looking for a new generation (which
- * abandons them) while it waits. */
-static ts_status wait_buckets(ddp_strategy *d) {
-    float *g = ts_f32(d->base.trainer->model->flat_grads);
-    ts_status first = TS_OK;
-    for (int i = 0; i < d->nbuckets; i++) {
-        bucket *b = &d->buckets[i];
-        if (b->req) {
-            ts_status st = finish(d, b->req);
-            b->req = NULL;
-            if (st && !first) first = st;
-        }
-        if (!first && d->wire)
-            for (int64_t k = b->lo; k < b->hi; k++) g[k] = ts_f32_from_bf16(d->wire[k]);
-    }
-    return first;
-}
+/* A bucket's wait: finish, looking for a new generation. */
+static ts_status bucket_wait(void *ctx, ts_comm_req *req) { return finish(ctx, req); }
 
 /* ---- the hooks ---- */
 
 static ts_status ddp_attach(ts_strategy *s) {
     ddp_strategy *d = (ddp_strategy *)s;
-    ts_status st = make_buckets(d);
-    if (st) return st;
+    const ts_job_parallel *p = &s->trainer->job.parallel;
+    if (!(d->buckets = ts_buckets_new(s->trainer->model, p->bucket_mb, p->wire_dtype == TS_WIRE_BF16)))
+        return ts_last_status();
+    ts_status st;
     if (!d->mpi_comm) {
         st = ts_member_roster(s->member, &d->next_roster, &d->next_n, &d->next_generation);
         ts_member_poll_membership(s->member, NULL, NULL, NULL); /* the join's own generation */
@@ -344,23 +284,16 @@ static ts_status ddp_begin_step(ts_strategy *s, int64_t step) {
 
 static ts_status ddp_grads_ready(ts_strategy *s, int64_t offset, int64_t len) {
     ddp_strategy *d = (ddp_strategy *)s;
-    ts_status st = TS_OK;
-    for (int i = 0; !st && i < d->nbuckets; i++) {
-        bucket *b = &d->buckets[i];
-        int64_t lo = offset > b->lo ? offset : b->lo, hi = offset + len < b->hi ? offset + len : b->hi;
-        if (hi <= lo) continue;
-        b->ready += hi - lo;
-        if (b->ready == b->hi - b->lo) st = launch(d, b);
-    }
-    return st;
+    return ts_buckets_ready(d->buckets, d->comm, ts_f32(s->trainer->model->flat_grads), offset, len,
+                            s->trainer->step + 1);
 }
 
 /* One try at the step's gradients, averaged over the workers, and its
  * loss and sample count summed over them. */
 static ts_status try_step(ddp_strategy *d, double *loss, int64_t *samples) {
-    for (int i = 0; i < d->nbuckets; i++) d->buckets[i].ready = 0;
+    ts_buckets_reset(d->buckets);
     ts_status st = ts_trainer_grads(d->base.trainer, loss, samples);
-    ts_status waited = wait_buckets(d);
+    ts_status waited = ts_buckets_wait(d->buckets, ts_f32(d->base.trainer->model->flat_grads), bucket_wait, d);
     if (st) return st;
     if (waited) return waited;
     double sums[2] = {*loss, (double)*samples};
@@ -408,8 +341,7 @@ static void ddp_free(ts_strategy *s) {
     ddp_strategy *d = (ddp_strategy *)s;
     drop_comm(d);
     ts_ring_port_close(d->port);
-    free(d->buckets);
-    free(d->wire);
+    ts_buckets_free(d->buckets);
     free(d->next_roster);
     free(d);
 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "kernels/io/checkpoint.h"
+#include "worker/checkpoint_parts.h"
 #include "worker/trainer.h"
 
 ts_status ts_strategy_all_units(ts_strategy *s, const ts_model_spec *spec, int *first, int *end) {
@@ -110,6 +111,11 @@ ts_status ts_strategy_load_whole(ts_strategy *s, const char *dir) {
     ts_trainer *t = s->trainer;
     ts_checkpoint *ck = ts_checkpoint_open(dir);
     if (!ck) return ts_last_status();
+    if (ts_parts_is_index(ck)) { /* a pipeline's stages */
+        ts_status st = ts_parts_load(t, ck);
+        ts_checkpoint_close(ck);
+        return st;
+    }
     ts_model *m = t->model;
     const char **names;
     ts_tensor **values;

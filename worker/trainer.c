@@ -253,12 +253,20 @@ void ts_trainer_free(ts_trainer *t) {
 /* ---- one step ---- */
 
 /* The model's logits for batch input x, reshaped to [rows, classes], and
- * targets reshaped to [rows]. */
-static ts_status logits_for(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_tensor **logits, ts_tensor **targets) {
+ * targets reshaped to [rows]; in evaluation (eval set) through the
+ * strategy's forward when it has one, which may leave *logits NULL (this
+ * process does not see the logits). */
+static ts_status logits_for(ts_trainer *t, ts_tensor *x, ts_tensor *y, bool eval, ts_tensor **logits,
+                            ts_tensor **targets) {
+    ts_strategy *s = t->strategy;
     ts_tensor *in = t->spec.arch == TS_ARCH_MLP ? ts_flatten(x, 1, -1) : ts_tensor_retain(x);
-    ts_tensor *out = in ? ts_model_forward(t->model, in) : NULL;
+    ts_tensor *out = NULL;
+    ts_status st = in ? TS_OK : ts_last_status();
+    if (!st && eval && s->ops->forward) st = s->ops->forward(s, in, &out);
+    else if (!st && !(out = ts_model_forward(t->model, in))) st = ts_last_status();
     ts_tensor_release(in);
-    if (!out) return ts_last_status();
+    *logits = *targets = NULL;
+    if (st || !out) return st;
     int64_t classes = out->shape[out->ndim - 1];
     *logits = ts_reshape(out, 2, (int64_t[]){-1, classes});
     *targets = ts_reshape(y, 1, (int64_t[]){-1});
@@ -268,7 +276,7 @@ static ts_status logits_for(ts_trainer *t, ts_tensor *x, ts_tensor *y, ts_tensor
 
 ts_status ts_trainer_micro(ts_trainer *t, const ts_batch *b, double scale, double *loss) {
     ts_tensor *logits = NULL, *targets = NULL, *l = NULL, *ls = NULL;
-    ts_status st = logits_for(t, b->x, b->y, &logits, &targets);
+    ts_status st = logits_for(t, b->x, b->y, false, &logits, &targets);
     if (!st) l = ts_cross_entropy(logits, targets, -100, TS_REDUCTION_MEAN);
     if (!st && !l) st = ts_last_status();
     if (!st) {
@@ -283,14 +291,29 @@ ts_status ts_trainer_micro(ts_trainer *t, const ts_batch *b, double scale, doubl
     return st;
 }
 
-ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples) {
-    int k = t->job.train.accum_steps;
+void ts_trainer_grads_begin(ts_trainer *t) {
     ts_model *m = t->model;
     ts_model_zero_grad(m);
     ts_model_train(m, true);
     /* one dropout key per step, the same on every process and after resume */
     m->dropout_key = ts_key_fold_in(ts_key_from_seed((uint64_t)t->job.seed ^ 0x64726f70ULL), (uint64_t)t->step);
     memset(t->ready, 0, (size_t)m->n_params * sizeof *t->ready);
+}
+
+ts_status ts_trainer_grads_end(ts_trainer *t) {
+    /* what backward did not announce (bf16 compute, unused parameters) is
+     * final now */
+    ts_model *m = t->model;
+    ts_status st = TS_OK;
+    for (int i = 0; !st && i < m->n_params; i++)
+        if (!t->ready[i]) st = t->strategy->ops->grads_ready(t->strategy, m->params[i].offset, m->params[i].numel);
+    return st;
+}
+
+ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples) {
+    int k = t->job.train.accum_steps;
+    ts_model *m = t->model;
+    ts_trainer_grads_begin(t);
     *loss = 0;
     *samples = 0;
     for (int i = 0; i < k; i++) {
@@ -308,12 +331,7 @@ ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples) {
         if (st) return st;
         *loss += l / k;
     }
-    /* what backward did not announce (bf16 compute, unused parameters) is
-     * final now */
-    ts_status st = TS_OK;
-    for (int i = 0; !st && i < m->n_params; i++)
-        if (!t->ready[i]) st = t->strategy->ops->grads_ready(t->strategy, m->params[i].offset, m->params[i].numel);
-    return st;
+    return ts_trainer_grads_end(t);
 }
 
 ts_status ts_trainer_apply(ts_trainer *t, double *lr, double *grad_norm) {
@@ -383,10 +401,13 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s) {
 
 /* ---- evaluation ---- */
 
-/* Adds the batch's summed loss, correct predictions and scored targets. */
-static ts_status eval_batch(ts_trainer *t, const ts_batch *b, double *loss_sum, int64_t *correct, int64_t *rows) {
+/* Adds the batch's summed loss, correct predictions, scored targets and
+ * samples, where this process sees the logits. */
+static ts_status eval_batch(ts_trainer *t, const ts_batch *b, double *loss_sum, int64_t *correct, int64_t *rows,
+                            int64_t *samples) {
     ts_tensor *logits = NULL, *targets = NULL;
-    ts_status st = logits_for(t, b->x, b->y, &logits, &targets);
+    ts_status st = logits_for(t, b->x, b->y, true, &logits, &targets);
+    if (!st && !logits) return TS_OK;
     ts_tensor *l = st ? NULL : ts_cross_entropy(logits, targets, -100, TS_REDUCTION_SUM);
     if (!st && !l) st = ts_last_status();
     if (!st) {
@@ -401,6 +422,7 @@ static ts_status eval_batch(ts_trainer *t, const ts_batch *b, double *loss_sum, 
             *correct += best == (int64_t)ts_tensor_get(targets, i);
         }
         *rows += n;
+        *samples += b->size;
         ts_tensor_release(c);
     }
     ts_tensor_release(l);
@@ -427,10 +449,7 @@ ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval
     for (int64_t i = 0; !st && i < batches; i++) {
         ts_batch b;
         st = ts_loader_next(l, &b);
-        if (!st && i % g->world == g->rank) {
-            samples += b.size;
-            st = eval_batch(t, &b, &loss_sum, &correct, &rows);
-        }
+        if (!st && i % g->world == g->rank) st = eval_batch(t, &b, &loss_sum, &correct, &rows, &samples);
         if (!st) ts_batch_release(&b);
     }
     ts_model_train(t->model, true);

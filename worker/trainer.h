@@ -104,6 +104,14 @@ ts_status ts_trainer_micro(ts_trainer *t, const ts_batch *b, double scale, doubl
  * announced then (bf16 compute, unused parameters) right after. */
 ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples);
 
+/* The two ends of ts_trainer_grads, for a strategy that runs its own
+ * micro-batches (a pipeline stage): begin zeros the gradients, sets the
+ * step's dropout key and forgets which parameters were announced; a
+ * backward that runs with t->last_micro set announces each parameter as
+ * its gradient becomes final; end announces the ones that were not. */
+void ts_trainer_grads_begin(ts_trainer *t);
+ts_status ts_trainer_grads_end(ts_trainer *t);
+
 /* Clips the strategy's slices by the job's global gradient norm (reduced by
  * the strategy), steps the optimizer on them and advances t->step. */
 ts_status ts_trainer_apply(ts_trainer *t, double *lr, double *grad_norm);

@@ -1,0 +1,44 @@
+/* checkpoint_parts.h - checkpoints of a model held in parts (the stages of
+ * a pipeline), and loading them into a model cut any other way.
+ *
+ * Each part saves an ordinary checkpoint (kernels/io/checkpoint.h) of what
+ * it holds under <run>/checkpoints/stages/stage-<s>/step-<k>: its parameters
+ * by name in model.safetensors, and its optimizer state per parameter in
+ * optim.safetensors (one [slots, numel] tensor under the parameter's name),
+ * so that the state follows its parameter into another cut. Once every part
+ * is saved, the leader writes the index <run>/checkpoints/step-<k>: an
+ * ordinary checkpoint without tensors (step, loader position, job) whose
+ * extra state lists the parts, {"parts": ["stages/stage-0/step-k", ...]}
+ * (paths relative to <run>/checkpoints). ts_checkpoint_latest sees a step
+ * only once its index is written, so only when every part is there; parts
+ * keep one checkpoint more than the index, so that the parts of the newest
+ * index outlive the save of the next step.
+ *
+ * Loading (ts_parts_load) fills every parameter of a model - the whole
+ * model of a local run, or any stage of any cut - by name from the part
+ * that holds it, and its optimizer state likewise; a parameter no part
+ * holds is an error naming it.
+ */
+#ifndef TS_WORKER_CHECKPOINT_PARTS_H
+#define TS_WORKER_CHECKPOINT_PARTS_H
+
+#include <stdbool.h>
+
+#include "kernels/io/checkpoint.h"
+#include "worker/trainer.h"
+
+/* Saves what t's model holds as part `part` of step t->step. */
+ts_status ts_parts_save_part(ts_trainer *t, int part);
+
+/* Writes the index of step t->step over parts 0..parts-1 (each saved
+ * already); its folder goes to path (cap bytes). */
+ts_status ts_parts_save_index(ts_trainer *t, int parts, char *path, size_t cap);
+
+/* Whether checkpoint ck is an index of parts. */
+bool ts_parts_is_index(const ts_checkpoint *ck);
+
+/* Loads t's parameters, optimizer state, step and loader position from the
+ * index ck. */
+ts_status ts_parts_load(ts_trainer *t, const ts_checkpoint *ck);
+
+#endif
