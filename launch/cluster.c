@@ -38,7 +38,7 @@ typedef struct {
     const ts_cluster_opts *o;
     uv_loop_t loop;
     ts_super super;
-    uv_timer_t startup_timer, drain_timer;
+    uv_timer_t startup_timer, drain_timer, regroup_timer;
     char run_dir[PATH_MAX];
     char key_file[PATH_MAX + 16];
     char job_path[PATH_MAX];
@@ -47,6 +47,8 @@ typedef struct {
     slot *ps, *workers;
     ts_netsim *netsim;  /* the virtual cluster (TESSERA_NETSIM), or NULL */
     int restarts_used;
+    int regrouping;     /* a pipeline waits for its workers to exit to restart them all */
+    int resume_workers; /* workers start from the run's checkpoints (a restarted pipeline) */
     phase phase;
     int stop_signal;  /* sent to the children when stopping */
     int exit_code;
@@ -166,7 +168,8 @@ static void spawn_node(cluster *cl, slot *sl) {
     if (sl->node >= 0) /* it binds its own node's address */
         ts_argv_pushf(&a, "--set=parallel.bind=%s", cl->netsim->addr[sl->node]);
     if (sl->rank >= 0) ts_argv_pushf(&a, "--rank=%d", sl->rank);
-    if (cl->o->resume || (sl->role == TS_ROLE_PS && sl->rank >= 0)) /* a restarted ps takes its checkpoint */
+    /* a restarted ps, or every worker of a restarted pipeline, takes its checkpoint */
+    if (cl->o->resume || (sl->role == TS_ROLE_PS && sl->rank >= 0) || (sl->role == TS_ROLE_WORKER && cl->resume_workers))
         ts_argv_push(&a, "--resume");
     ts_child *c = NULL;
     if (ts_argv_ok(&a)) {
@@ -275,6 +278,63 @@ static int workers_running(const cluster *cl) {
     return n;
 }
 
+/* Starts every worker of a stopped pipeline again, from the checkpoints. */
+static void respawn_pipeline(cluster *cl) {
+    cl->regrouping = 0;
+    cl->resume_workers = 1;
+    fprintf(stderr, "[run] starting the %d workers of the pipeline again\n", cl->o->job.parallel.workers);
+    for (int i = 0; i < cl->o->job.parallel.workers && cl->phase == PHASE_RUNNING; i++)
+        spawn_node(cl, &cl->workers[i]);
+}
+
+/* Regrouping a pipeline: the workers that outlived the timeout are killed;
+ * once none runs, the scheduler's heartbeat timeout has declared the dead
+ * ones dead (their ranks are free again) and the pipeline starts again. */
+static void regroup_expired(uv_timer_t *t) {
+    cluster *cl = t->data;
+    if (workers_running(cl) == 0) {
+        respawn_pipeline(cl);
+        return;
+    }
+    for (int i = 0; i < cl->o->job.parallel.workers; i++)
+        if (cl->workers[i].child) {
+            fprintf(stderr, "[run] worker %d has not stopped; killing it\n", cl->workers[i].rank);
+            ts_super_signal(cl->workers[i].child, SIGKILL);
+        }
+}
+
+/* A worker of a pipeline failed: a pipeline cannot go on without one of
+ * its stages, and the others stop by themselves within the heartbeat
+ * timeout (or are killed after twice that and the barrier timeout); once
+ * every worker has exited and the scheduler has declared the dead ones
+ * dead, all of them start again from the run's last checkpoint (one
+ * restart of parallel.max_restarts). */
+static void restart_pipeline(cluster *cl, const char *what, const char *reason) {
+    const ts_job_parallel *p = &cl->o->job.parallel;
+    if (!cl->regrouping) {
+        if (cl->restarts_used >= p->max_restarts) {
+            fail_node(cl, "%s, restart budget %d used up%s", what, p->max_restarts, reason);
+            return;
+        }
+        cl->restarts_used++;
+        cl->regrouping = 1;
+        fprintf(stderr, "[run] %s%s; a pipeline cannot go on without a stage: restarting every stage from the "
+                        "last checkpoint once all have stopped (restart %d of %d)\n",
+                what, reason, cl->restarts_used, p->max_restarts);
+        uv_timer_start(&cl->regroup_timer, regroup_expired,
+                       2 * (uint64_t)p->heartbeat_timeout_ms + (uint64_t)p->barrier_timeout_ms, 0);
+    } else {
+        fprintf(stderr, "[run] %s%s\n", what, reason);
+    }
+    if (workers_running(cl) > 0) return;
+    /* a worker that died is declared dead by the scheduler a heartbeat
+     * timeout after its last heartbeat: its rank is free after that */
+    uint64_t wait = (uint64_t)p->heartbeat_timeout_ms + 2 * (uint64_t)p->heartbeat_ms;
+    fprintf(stderr, "[run] every stage stopped; the pipeline starts again in %llu ms\n", (unsigned long long)wait);
+    uv_timer_stop(&cl->regroup_timer);
+    uv_timer_start(&cl->regroup_timer, regroup_expired, wait, 0);
+}
+
 static void on_done(ts_child *c) {
     cluster *cl = c->super->user;
     slot *sl = c->user;
@@ -296,7 +356,9 @@ static void on_done(ts_child *c) {
         }
     } else if (!ok && cl->phase == PHASE_RUNNING) {
         const ts_job_parallel *p = &cl->o->job.parallel;
-        if (cl->restarts_used < p->max_restarts) {
+        if (sl->role == TS_ROLE_WORKER && p->strategy == TS_STRATEGY_PIPELINE) {
+            restart_pipeline(cl, what, reason);
+        } else if (cl->restarts_used < p->max_restarts) {
             cl->restarts_used++;
             fprintf(stderr, "[run] %s%s; restarting it (restart %d of %d)\n",
                     what, reason, cl->restarts_used, p->max_restarts);
@@ -318,7 +380,7 @@ static void on_done(ts_child *c) {
     }
     /* the scheduler ended the job, or every node finished: give the rest
      * a moment to exit by themselves */
-    if ((cl->phase == PHASE_DONE || (cl->phase == PHASE_RUNNING && nodes_gone(cl))) &&
+    if ((cl->phase == PHASE_DONE || (cl->phase == PHASE_RUNNING && nodes_gone(cl) && !cl->regrouping)) &&
         !uv_is_active((uv_handle_t *)&cl->drain_timer))
         uv_timer_start(&cl->drain_timer, drain_expired, DRAIN_MS, 0);
 }
@@ -492,9 +554,11 @@ int ts_cluster_run(const ts_cluster_opts *o) {
     cl->super.on_signal = on_signal;
     uv_timer_init(&cl->loop, &cl->startup_timer);
     uv_timer_init(&cl->loop, &cl->drain_timer);
-    cl->startup_timer.data = cl->drain_timer.data = cl;
+    uv_timer_init(&cl->loop, &cl->regroup_timer);
+    cl->startup_timer.data = cl->drain_timer.data = cl->regroup_timer.data = cl;
     uv_unref((uv_handle_t *)&cl->startup_timer);
     uv_unref((uv_handle_t *)&cl->drain_timer);
+    uv_unref((uv_handle_t *)&cl->regroup_timer);
 
     fprintf(stderr, "[run] job %s (%s): %d ps, %d workers, %lld steps; run folder %s\n",
             o->job.name, ts_job_strategy_name(p->strategy), nps, p->workers,
@@ -504,6 +568,7 @@ int ts_cluster_run(const ts_cluster_opts *o) {
 
     uv_close((uv_handle_t *)&cl->startup_timer, NULL);
     uv_close((uv_handle_t *)&cl->drain_timer, NULL);
+    uv_close((uv_handle_t *)&cl->regroup_timer, NULL);
     ts_super_close(&cl->super);
     uv_loop_close(&cl->loop);
     if (cl->super.log) fclose(cl->super.log);

@@ -5,7 +5,9 @@
  * with every child line), starts tessera-scheduler on port 0, reads its
  * "listening ENDPOINT" line, then starts the ps and worker processes,
  * supervises them (restarting failed nodes within parallel.max_restarts,
- * asking for their old rank; a restarted ps resumes from its checkpoint)
+ * asking for their old rank; a restarted ps resumes from its checkpoint; a
+ * pipeline, which cannot lose a stage, is restarted whole from the run's
+ * last checkpoint once all of its workers have stopped)
  * and stops everything on completion, failure or SIGINT/SIGTERM. Every
  * exit path leaves no child running. With resume every node continues from
  * the checkpoints of run_dir.

@@ -95,7 +95,9 @@ typedef struct {
     float *tied_other;         /* the other stage's gradient of it */
     double loss;               /* the step's loss (the last stage's) */
     char lost[512];            /* why the pipeline broke, "" while it holds */
-    /* where the stage is, for error messages */
+    /* where the stage is, for error messages (the ranks of its
+     * communicators' messages are stages, and replicas) */
+    bool in_step;
     int at_micro;
     const char *at_what;
     FILE *timeline;
@@ -110,10 +112,11 @@ typedef struct {
  * micro-batch M (what): <error>" and returns its status. */
 static ts_status stage_error(pipe_strategy *p) {
     ts_status st = ts_last_status() ? ts_last_status() : TS_ERR_STATE;
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", p->lost[0] ? p->lost : ts_last_error());
+    char msg[1600];
+    snprintf(msg, sizeof msg, "%s%s%s%s", ts_last_error(), p->lost[0] ? " (" : "", p->lost, p->lost[0] ? ")" : "");
     char where[96] = "";
     if (p->at_micro >= 0) snprintf(where, sizeof where, ", micro-batch %d", p->at_micro);
+    else if (p->in_step) snprintf(where, sizeof where, ", after its micro-batch %d", p->M - 1);
     return ts_error(st, "pipeline stage %d of %d (replica %d), step %lld%s (%s): %s", p->stage, p->P, p->replica,
                     (long long)p->base.trainer->step + 1, where, p->at_what ? p->at_what : "step", msg);
 }
@@ -634,6 +637,7 @@ static ts_status pipe_grads(ts_strategy *s, double *loss, int64_t *samples) {
     p->at_micro = -1;
     p->at_what = "batch";
     p->step_start = ts_clock_ms();
+    p->in_step = true;
     ts_trainer_grads_begin(t);
     if (p->buckets) ts_buckets_reset(p->buckets);
     ts_status st = ts_loader_next(t->loader, &p->batch);
@@ -644,17 +648,20 @@ static ts_status pipe_grads(ts_strategy *s, double *loss, int64_t *samples) {
         p->at_what = "gradients";
         st = ts_trainer_grads_end(t);
     }
+    if (st) st = stage_error(p); /* named where it happened */
     ts_status settled = settle_step(p);
     if (!st) st = settled;
     if (p->buckets) {
+        p->at_what = "average over the replicas";
         ts_status waited = ts_buckets_wait(p->buckets, ts_f32(t->model->flat_grads), bucket_wait, p);
-        if (!st) st = waited;
+        if (!st && waited) st = stage_error(p);
     }
-    if (!st) st = tie_grads(p);
-    if (!st) st = share_loss(p, loss);
+    if (!st && (st = tie_grads(p))) st = stage_error(p);
+    if (!st && (st = share_loss(p, loss))) st = stage_error(p);
     if (p->have_batch) ts_batch_release(&p->batch);
     p->have_batch = false;
-    if (st) return stage_error(p);
+    if (st) return st;
+    p->in_step = false;
     write_timeline(p);
     *samples = t->job.train.batch_size * p->D;
     return TS_OK;
@@ -679,6 +686,7 @@ static ts_status pipe_sq_norm(ts_strategy *s, double local, double *global) {
     ts_status st = ts_comm_allreduce(p->pipe, global, global, 1, TS_F64, TS_REDUCE_SUM);
     if (st) {
         p->at_what = "gradient norm";
+        p->in_step = true;
         return stage_error(p);
     }
     return TS_OK;

@@ -1,0 +1,238 @@
+/* test_pipeline.c - strategy "pipeline" with real processes: P = 2 and 4
+ * stages with M micro-batches give, under gpipe and 1f1b, the per-step
+ * losses of a local run with M-step gradient accumulation (within 1e-5
+ * relative over 30 steps; a small GPT whose embedding and head are tied,
+ * with clipping, and an MLP); 2 stages x 2 replicas give a local run's at
+ * twice the batch; the stages' checkpoint loads into a local run and into
+ * another stage count, which continue with an uninterrupted local run's
+ * losses; a stage killed -9 stops every other stage with an error naming
+ * it, and tessera-run restarts the pipeline from its checkpoint and
+ * finishes. Run one scenario by name: cluster_test_pipeline <name>. */
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define STEPS 30
+
+/* A job file: model and data of arch ("mlp" or "gpt"), steps, batch,
+ * accumulation steps; parallel is the "parallel" section's body. */
+static const char *job_file(const char *name, const char *arch, int steps, int batch, int accum, const char *parallel) {
+    char text[4096], model[512];
+    if (strcmp(arch, "gpt") == 0)
+        snprintf(model, sizeof model,
+                 "\"model\": {\"arch\": \"gpt\", \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, \"block_size\": 16, "
+                 "\"dropout\": 0.0}, \"data\": {\"kind\": \"text\", \"val_fraction\": 0.05}, "
+                 "\"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.003, \"clip_norm\": 0.5}");
+    else
+        snprintf(model, sizeof model,
+                 "\"model\": {\"arch\": \"mlp\", \"hidden\": [64, 48, 32]}, \"data\": {\"kind\": \"fashion_mnist\"}, "
+                 "\"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.002}");
+    snprintf(text, sizeof text,
+             "{\"name\": \"%s\", \"seed\": 5, \"steps\": %d, %s,\n"
+             " \"schedule\": {\"kind\": \"constant\"},\n"
+             " \"train\": {\"batch_size\": %d, \"accum_steps\": %d, \"log_every\": 1, \"eval_every\": 0, "
+             "\"eval_batches\": 4, \"checkpoint_every\": 10},\n"
+             " \"parallel\": {%s}}\n",
+             name, steps, model, batch, accum, parallel);
+    char file[128];
+    snprintf(file, sizeof file, "%s.json", name);
+    return th_write(file, text);
+}
+
+/* The "parallel" body of a pipeline of p stages x d replicas, m
+ * micro-batches, schedule sched; extra is appended. */
+static void pipeline_section(char *out, size_t cap, int p, int d, int m, const char *sched, const char *extra) {
+    snprintf(out, cap,
+             "\"strategy\": \"pipeline\", \"stages\": %d, \"data_parallel\": %d, \"micro_batches\": %d, "
+             "\"schedule\": \"%s\", \"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 1500, \"bucket_mb\": 0.05%s",
+             p, d, m, sched, extra);
+}
+
+/* Runs argv to completion (exit 0) and reads its run folder's losses. */
+static void run_for_losses(const char *tag, const char *const *argv, const char *run_dir, double *loss, int steps) {
+    th_proc p = th_start(tag, argv);
+    if (th_wait(&p, 240000) != 0) th_dump(&p, "the run did not exit 0");
+    if (th_losses(run_dir, loss, steps) != steps) th_dump(&p, "the run did not log every step");
+}
+
+/* The losses of a local run of arch at batch with accum micro-batches. */
+static void local_losses(const char *arch, int batch, int accum, double *loss) {
+    char name[64];
+    snprintf(name, sizeof name, "local-%s-%d-%d", arch, batch, accum);
+    const char *job = job_file(name, arch, STEPS, batch, accum, "\"strategy\": \"local\"");
+    const char *dir = th_path(name);
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
+    run_for_losses(name, argv, dir, loss, STEPS);
+}
+
+static void expect_same(const double *got, const double *want, int from, int to, const char *what) {
+    for (int s = from; s <= to; s++)
+        if (!(fabs(got[s] - want[s]) <= 1e-5 * fabs(want[s])))
+            fail_msg("%s: step %d loss %.7f, local %.7f", what, s, got[s], want[s]);
+}
+
+/* p stages with m micro-batches of b, under both schedules, match local
+ * with m-step accumulation at batch b. */
+static void equivalence(const char *arch, int p, int m, int b) {
+    double want[STEPS + 1], got[STEPS + 1];
+    local_losses(arch, b, m, want);
+    const char *scheds[] = {"gpipe", "1f1b"};
+    for (int k = 0; k < 2; k++) {
+        char name[64], par[512];
+        snprintf(name, sizeof name, "pipe-%s-%d-%s", arch, p, scheds[k]);
+        pipeline_section(par, sizeof par, p, 1, m, scheds[k], "");
+        const char *job = job_file(name, arch, STEPS, m * b, 1, par);
+        const char *dir = th_path(name);
+        const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
+        run_for_losses(name, argv, dir, got, STEPS);
+        expect_same(got, want, 1, STEPS, name);
+    }
+    assert_int_equal(th_leftovers(), 0);
+}
+
+static void test_mlp_2(void **state) { (void)state; equivalence("mlp", 2, 4, 8); }
+static void test_mlp_4(void **state) { (void)state; equivalence("mlp", 4, 8, 4); }
+static void test_gpt_2(void **state) { (void)state; equivalence("gpt", 2, 4, 2); }
+static void test_gpt_4(void **state) { (void)state; equivalence("gpt", 4, 4, 2); }
+
+/* 2 stages x 2 replicas at batch 8 per replica (4 micro-batches) match a
+ * local run at batch 16. */
+static void test_dp_2x2(void **state) {
+    (void)state;
+    double want[STEPS + 1], got[STEPS + 1];
+    local_losses("gpt", 16, 1, want);
+    char par[512];
+    pipeline_section(par, sizeof par, 2, 2, 4, "1f1b", "");
+    const char *job = job_file("pipe-dp", "gpt", STEPS, 8, 1, par);
+    const char *dir = th_path("pipe-dp");
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
+    run_for_losses("pipe-dp", argv, dir, got, STEPS);
+    expect_same(got, want, 1, STEPS, "2 stages x 2 replicas");
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* Copies the run folder from to to (checkpoints and metrics). */
+static void copy_run(const char *from, const char *to) {
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* A 4-stage run stopped after step 20 (its checkpoint) continues as a
+ * local run and as a 2-stage pipeline with an uninterrupted local run's
+ * losses for steps 21..30. */
+static void test_checkpoint_cuts(void **state) {
+    (void)state;
+    double want[STEPS + 1], got[STEPS + 1];
+    local_losses("gpt", 2, 4, want);
+    char par[512];
+    pipeline_section(par, sizeof par, 4, 1, 4, "1f1b", "");
+    const char *job4 = job_file("pipe-ck4", "gpt", 20, 8, 1, par);
+    const char *dir4 = th_path("pipe-ck4");
+    const char *argv4[] = {"tessera-run", job4, "--run-dir", dir4, NULL};
+    run_for_losses("pipe-ck4", argv4, dir4, got, 20);
+    expect_same(got, want, 1, 20, "4 stages, first 20 steps");
+
+    const char *dirl = th_path("pipe-ck-local");
+    copy_run(dir4, dirl);
+    const char *jobl = job_file("pipe-ck-local", "gpt", STEPS, 2, 4, "\"strategy\": \"local\"");
+    const char *argvl[] = {"tessera-run", jobl, "--run-dir", dirl, "--resume", NULL};
+    run_for_losses("pipe-ck-local", argvl, dirl, got, STEPS);
+    expect_same(got, want, 21, STEPS, "local run resumed from 4 stages");
+
+    const char *dir2 = th_path("pipe-ck2");
+    copy_run(dir4, dir2);
+    pipeline_section(par, sizeof par, 2, 1, 4, "gpipe", "");
+    const char *job2 = job_file("pipe-ck2", "gpt", STEPS, 8, 1, par);
+    const char *argv2[] = {"tessera-run", job2, "--run-dir", dir2, "--resume", NULL};
+    run_for_losses("pipe-ck2", argv2, dir2, got, STEPS);
+    expect_same(got, want, 21, STEPS, "2 stages resumed from 4 stages");
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* Pid of the worker of rank r ("[run] worker rank R is pid P"), the last
+ * one started; -1 when none. */
+static pid_t worker_pid(const th_proc *p, int r) {
+    char *text = th_output(p), needle[64];
+    snprintf(needle, sizeof needle, "[run] worker rank %d is pid ", r);
+    pid_t pid = -1;
+    for (const char *s = text; (s = strstr(s, needle)); s += strlen(needle)) pid = atoi(s + strlen(needle));
+    free(text);
+    return pid;
+}
+
+/* Whether worker `stage` (its rank) stopped with an error of its stage
+ * naming stage 1 (rank 1 of its communicator in a collective) and the
+ * micro-batch. */
+static int names_stage_1(const th_proc *p, int stage) {
+    char *text = th_output(p), head[64], mine[64];
+    snprintf(head, sizeof head, "[worker %d] tessera-worker: ", stage);
+    snprintf(mine, sizeof mine, "pipeline stage %d of 3", stage);
+    int found = 0;
+    for (char *line = strtok(text, "\n"); line && !found; line = strtok(NULL, "\n"))
+        found = strncmp(line, head, strlen(head)) == 0 && strstr(line, mine) && strstr(line, "micro-batch") &&
+                (strstr(line, "from stage 1:") || strstr(line, "to stage 1:") || strstr(line, "rank 1 ("));
+    free(text);
+    return found;
+}
+
+/* kill -9 of stage 1 of 3 mid-training: stages 0 and 2 stop with errors
+ * naming it, tessera-run restarts all three from the last checkpoint, and
+ * the job finishes with an uninterrupted local run's losses. */
+static void test_kill_stage(void **state) {
+    (void)state;
+    enum { KSTEPS = 60 };
+    double want[KSTEPS + 1], got[KSTEPS + 1];
+    const char *jobl = job_file("pipe-kill-local", "mlp", KSTEPS, 8, 4, "\"strategy\": \"local\"");
+    const char *dirl = th_path("pipe-kill-local");
+    const char *argvl[] = {"tessera-run", jobl, "--run-dir", dirl, NULL};
+    run_for_losses("pipe-kill-local", argvl, dirl, want, KSTEPS);
+
+    char par[512];
+    pipeline_section(par, sizeof par, 3, 1, 4, "1f1b", ", \"max_restarts\": 1, \"timeline\": true");
+    const char *job = job_file("pipe-kill", "mlp", KSTEPS, 32, 1, par);
+    const char *dir = th_path("pipe-kill");
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
+    th_proc run = th_start("pipe-kill", argv);
+    if (th_wait_for(&run, "step 25/60", 90000) != 0) th_dump(&run, "no step 25");
+    pid_t victim = worker_pid(&run, 1);
+    assert_true(victim > 0);
+    double killed = th_now_ms();
+    kill(victim, SIGKILL);
+    /* both others name stage 1 (a send or receive with it failed) */
+    for (int s = 0; s < 3; s += 2)
+        while (!names_stage_1(&run, s))
+            if (th_now_ms() - killed > 15000) th_dump(&run, "a stage did not stop naming stage 1");
+            else usleep(20000);
+    if (th_wait_for(&run, "restarting every stage from the last checkpoint", 20000) != 0)
+        th_dump(&run, "tessera-run did not restart the pipeline");
+    double stopped = th_now_ms() - killed;
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not finish the job after the restart");
+    fprintf(stderr, "the pipeline was restarting %.0f ms after the kill\n", stopped);
+    if (th_losses(dir, got, KSTEPS) != KSTEPS) th_dump(&run, "the restarted job did not log every step");
+    expect_same(got, want, 1, KSTEPS, "3 stages with a restart");
+    assert_int_equal(th_leftovers(), 0);
+}
+
+int main(int argc, char **argv) {
+    th_init();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mlp_2),  cmocka_unit_test(test_mlp_4),           cmocka_unit_test(test_gpt_2),
+        cmocka_unit_test(test_gpt_4),  cmocka_unit_test(test_dp_2x2),          cmocka_unit_test(test_checkpoint_cuts),
+        cmocka_unit_test(test_kill_stage),
+    };
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    th_finish(failed);
+    return failed;
+}
