@@ -11,6 +11,7 @@
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -65,14 +66,22 @@ static void run_for_losses(const char *tag, const char *const *argv, const char 
     if (th_losses(run_dir, loss, steps) != steps) th_dump(&p, "the run did not log every step");
 }
 
+/* Runs the job `name` (job_file's arguments) in the run folder of its
+ * name, continuing from its checkpoints when resume, and reads the losses
+ * of its steps. */
+static void run_job(const char *name, const char *arch, int steps, int batch, int accum, const char *parallel,
+                    bool resume, double *loss) {
+    const char *job = job_file(name, arch, steps, batch, accum, parallel);
+    const char *dir = th_path(name);
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, resume ? "--resume" : NULL, NULL};
+    run_for_losses(name, argv, dir, loss, steps);
+}
+
 /* The losses of a local run of arch at batch with accum micro-batches. */
 static void local_losses(const char *arch, int batch, int accum, double *loss) {
     char name[64];
     snprintf(name, sizeof name, "local-%s-%d-%d", arch, batch, accum);
-    const char *job = job_file(name, arch, STEPS, batch, accum, "\"strategy\": \"local\"");
-    const char *dir = th_path(name);
-    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
-    run_for_losses(name, argv, dir, loss, STEPS);
+    run_job(name, arch, STEPS, batch, accum, "\"strategy\": \"local\"", false, loss);
 }
 
 static void expect_same(const double *got, const double *want, int from, int to, const char *what) {
@@ -91,10 +100,7 @@ static void equivalence(const char *arch, int p, int m, int b) {
         char name[64], par[512];
         snprintf(name, sizeof name, "pipe-%s-%d-%s", arch, p, scheds[k]);
         pipeline_section(par, sizeof par, p, 1, m, scheds[k], "");
-        const char *job = job_file(name, arch, STEPS, m * b, 1, par);
-        const char *dir = th_path(name);
-        const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
-        run_for_losses(name, argv, dir, got, STEPS);
+        run_job(name, arch, STEPS, m * b, 1, par, false, got);
         expect_same(got, want, 1, STEPS, name);
     }
     assert_int_equal(th_leftovers(), 0);
@@ -113,10 +119,7 @@ static void test_dp_2x2(void **state) {
     local_losses("gpt", 16, 1, want);
     char par[512];
     pipeline_section(par, sizeof par, 2, 2, 4, "1f1b", "");
-    const char *job = job_file("pipe-dp", "gpt", STEPS, 8, 1, par);
-    const char *dir = th_path("pipe-dp");
-    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
-    run_for_losses("pipe-dp", argv, dir, got, STEPS);
+    run_job("pipe-dp", "gpt", STEPS, 8, 1, par, false, got);
     expect_same(got, want, 1, STEPS, "2 stages x 2 replicas");
     assert_int_equal(th_leftovers(), 0);
 }
@@ -137,25 +140,17 @@ static void test_checkpoint_cuts(void **state) {
     local_losses("gpt", 2, 4, want);
     char par[512];
     pipeline_section(par, sizeof par, 4, 1, 4, "1f1b", "");
-    const char *job4 = job_file("pipe-ck4", "gpt", 20, 8, 1, par);
-    const char *dir4 = th_path("pipe-ck4");
-    const char *argv4[] = {"tessera-run", job4, "--run-dir", dir4, NULL};
-    run_for_losses("pipe-ck4", argv4, dir4, got, 20);
+    run_job("pipe-ck4", "gpt", 20, 8, 1, par, false, got);
     expect_same(got, want, 1, 20, "4 stages, first 20 steps");
 
-    const char *dirl = th_path("pipe-ck-local");
-    copy_run(dir4, dirl);
-    const char *jobl = job_file("pipe-ck-local", "gpt", STEPS, 2, 4, "\"strategy\": \"local\"");
-    const char *argvl[] = {"tessera-run", jobl, "--run-dir", dirl, "--resume", NULL};
-    run_for_losses("pipe-ck-local", argvl, dirl, got, STEPS);
+    const char *dir4 = th_path("pipe-ck4");
+    copy_run(dir4, th_path("pipe-ck-local"));
+    run_job("pipe-ck-local", "gpt", STEPS, 2, 4, "\"strategy\": \"local\"", true, got);
     expect_same(got, want, 21, STEPS, "local run resumed from 4 stages");
 
-    const char *dir2 = th_path("pipe-ck2");
-    copy_run(dir4, dir2);
+    copy_run(dir4, th_path("pipe-ck2"));
     pipeline_section(par, sizeof par, 2, 1, 4, "gpipe", "");
-    const char *job2 = job_file("pipe-ck2", "gpt", STEPS, 8, 1, par);
-    const char *argv2[] = {"tessera-run", job2, "--run-dir", dir2, "--resume", NULL};
-    run_for_losses("pipe-ck2", argv2, dir2, got, STEPS);
+    run_job("pipe-ck2", "gpt", STEPS, 8, 1, par, true, got);
     expect_same(got, want, 21, STEPS, "2 stages resumed from 4 stages");
     assert_int_equal(th_leftovers(), 0);
 }
@@ -193,10 +188,7 @@ static void test_kill_stage(void **state) {
     (void)state;
     enum { KSTEPS = 60 };
     double want[KSTEPS + 1], got[KSTEPS + 1];
-    const char *jobl = job_file("pipe-kill-local", "mlp", KSTEPS, 8, 4, "\"strategy\": \"local\"");
-    const char *dirl = th_path("pipe-kill-local");
-    const char *argvl[] = {"tessera-run", jobl, "--run-dir", dirl, NULL};
-    run_for_losses("pipe-kill-local", argvl, dirl, want, KSTEPS);
+    run_job("pipe-kill-local", "mlp", KSTEPS, 8, 4, "\"strategy\": \"local\"", false, want);
 
     char par[512];
     pipeline_section(par, sizeof par, 3, 1, 4, "1f1b", ", \"max_restarts\": 1, \"timeline\": true");
