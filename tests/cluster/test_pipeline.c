@@ -84,6 +84,15 @@ static void local_losses(const char *arch, int batch, int accum, double *loss) {
     run_job(name, arch, STEPS, batch, accum, "\"strategy\": \"local\"", false, loss);
 }
 
+/* Runs a pipeline job (p stages x d replicas, m micro-batches of batch,
+ * schedule sched) as run_job does. */
+static void run_pipeline(const char *name, const char *arch, int steps, int batch, int p, int d, int m,
+                         const char *sched, bool resume, double *loss) {
+    char par[512];
+    pipeline_section(par, sizeof par, p, d, m, sched, "");
+    run_job(name, arch, steps, batch, 1, par, resume, loss);
+}
+
 static void expect_same(const double *got, const double *want, int from, int to, const char *what) {
     for (int s = from; s <= to; s++)
         if (!(fabs(got[s] - want[s]) <= 1e-5 * fabs(want[s])))
@@ -97,10 +106,9 @@ static void equivalence(const char *arch, int p, int m, int b) {
     local_losses(arch, b, m, want);
     const char *scheds[] = {"gpipe", "1f1b"};
     for (int k = 0; k < 2; k++) {
-        char name[64], par[512];
+        char name[64];
         snprintf(name, sizeof name, "pipe-%s-%d-%s", arch, p, scheds[k]);
-        pipeline_section(par, sizeof par, p, 1, m, scheds[k], "");
-        run_job(name, arch, STEPS, m * b, 1, par, false, got);
+        run_pipeline(name, arch, STEPS, m * b, p, 1, m, scheds[k], false, got);
         expect_same(got, want, 1, STEPS, name);
     }
     assert_int_equal(th_leftovers(), 0);
@@ -117,9 +125,7 @@ static void test_dp_2x2(void **state) {
     (void)state;
     double want[STEPS + 1], got[STEPS + 1];
     local_losses("gpt", 16, 1, want);
-    char par[512];
-    pipeline_section(par, sizeof par, 2, 2, 4, "1f1b", "");
-    run_job("pipe-dp", "gpt", STEPS, 8, 1, par, false, got);
+    run_pipeline("pipe-dp", "gpt", STEPS, 8, 2, 2, 4, "1f1b", false, got);
     expect_same(got, want, 1, STEPS, "2 stages x 2 replicas");
     assert_int_equal(th_leftovers(), 0);
 }
@@ -138,9 +144,7 @@ static void test_checkpoint_cuts(void **state) {
     (void)state;
     double want[STEPS + 1], got[STEPS + 1];
     local_losses("gpt", 2, 4, want);
-    char par[512];
-    pipeline_section(par, sizeof par, 4, 1, 4, "1f1b", "");
-    run_job("pipe-ck4", "gpt", 20, 8, 1, par, false, got);
+    run_pipeline("pipe-ck4", "gpt", 20, 8, 4, 1, 4, "1f1b", false, got);
     expect_same(got, want, 1, 20, "4 stages, first 20 steps");
 
     const char *dir4 = th_path("pipe-ck4");
@@ -149,8 +153,7 @@ static void test_checkpoint_cuts(void **state) {
     expect_same(got, want, 21, STEPS, "local run resumed from 4 stages");
 
     copy_run(dir4, th_path("pipe-ck2"));
-    pipeline_section(par, sizeof par, 2, 1, 4, "gpipe", "");
-    run_job("pipe-ck2", "gpt", STEPS, 8, 1, par, true, got);
+    run_pipeline("pipe-ck2", "gpt", STEPS, 8, 2, 1, 4, "gpipe", true, got);
     expect_same(got, want, 21, STEPS, "2 stages resumed from 4 stages");
     assert_int_equal(th_leftovers(), 0);
 }
