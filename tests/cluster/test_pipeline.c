@@ -2,7 +2,7 @@
  * stages with M micro-batches give, under gpipe and 1f1b, the per-step
  * losses of a local run with M-step gradient accumulation (within 1e-5
  * relative over 30 steps; a small GPT whose embedding and head are tied,
- * with clipping, and an MLP); 2 stages x 2 replicas give a local run's at
+ * with clipping, also with activation checkpointing, and an MLP); 2 stages x 2 replicas give a local run's at
  * twice the batch; the stages' checkpoint loads into a local run and into
  * another stage count, which continue with an uninterrupted local run's
  * losses; a stage killed -9 stops every other stage with an error naming
@@ -25,15 +25,17 @@
 
 #define STEPS 30
 
-/* A job file: model and data of arch ("mlp" or "gpt"), steps, batch,
- * accumulation steps; parallel is the "parallel" section's body. */
+/* A job file: model and data of arch ("mlp", "gpt", or "gpt-ckpt": the GPT
+ * with activation checkpointing), steps, batch, accumulation steps;
+ * parallel is the "parallel" section's body. */
 static const char *job_file(const char *name, const char *arch, int steps, int batch, int accum, const char *parallel) {
     char text[4096], model[512];
-    if (strcmp(arch, "gpt") == 0)
+    if (strncmp(arch, "gpt", 3) == 0)
         snprintf(model, sizeof model,
                  "\"model\": {\"arch\": \"gpt\", \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, \"block_size\": 16, "
-                 "\"dropout\": 0.0}, \"data\": {\"kind\": \"text\", \"val_fraction\": 0.05}, "
-                 "\"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.003, \"clip_norm\": 0.5}");
+                 "\"dropout\": 0.0, \"checkpoint\": %s}, \"data\": {\"kind\": \"text\", \"val_fraction\": 0.05}, "
+                 "\"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.003, \"clip_norm\": 0.5}",
+                 strcmp(arch, "gpt-ckpt") == 0 ? "true" : "false");
     else
         snprintf(model, sizeof model,
                  "\"model\": {\"arch\": \"mlp\", \"hidden\": [64, 48, 32]}, \"data\": {\"kind\": \"fashion_mnist\"}, "
@@ -118,6 +120,8 @@ static void test_mlp_2(void **state) { (void)state; equivalence("mlp", 2, 4, 8);
 static void test_mlp_4(void **state) { (void)state; equivalence("mlp", 4, 8, 4); }
 static void test_gpt_2(void **state) { (void)state; equivalence("gpt", 2, 4, 2); }
 static void test_gpt_4(void **state) { (void)state; equivalence("gpt", 4, 4, 2); }
+/* activation checkpointing of each stage's blocks changes nothing */
+static void test_gpt_checkpointing(void **state) { (void)state; equivalence("gpt-ckpt", 3, 4, 2); }
 
 /* 2 stages x 2 replicas at batch 8 per replica (4 micro-batches) match a
  * local run at batch 16. */
@@ -223,7 +227,7 @@ int main(int argc, char **argv) {
     th_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_2),  cmocka_unit_test(test_mlp_4),           cmocka_unit_test(test_gpt_2),
-        cmocka_unit_test(test_gpt_4),  cmocka_unit_test(test_dp_2x2),          cmocka_unit_test(test_checkpoint_cuts),
+        cmocka_unit_test(test_gpt_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_dp_2x2),          cmocka_unit_test(test_checkpoint_cuts),
         cmocka_unit_test(test_kill_stage),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);

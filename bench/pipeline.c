@@ -1,0 +1,367 @@
+/* pipeline.c - bench_pipeline: pipeline parallelism measured against its
+ * theory and against one process, in one run.
+ *
+ * The model is an MLP of eight equal 784 x 784 layers (and a 784 x 10
+ * head), so a profiled cut gives every stage the same work; every run is a
+ * real tessera-run job (scheduler + P stage processes, strategy
+ * "pipeline", parallel.timeline on) on Fashion-MNIST with micro-batches of
+ * --rows samples, each stage at one thread. From the stages' timelines
+ * (<run>/timeline/stage-S-replica-0.jsonl: each forward and backward interval per step) it
+ * prints:
+ *   1. the per-stage busy/idle timeline of one step for P = 2 and P = 4
+ *      (M = 8, both schedules) as text, and all four as an SVG chart
+ *      (--out FILE, default runs/bench-pipeline.svg);
+ *   2. the bubble: per step, each stage's idle share of the step's span
+ *      (first forward start to last backward end over all stages),
+ *      averaged over stages and over the steps after --warmup, for P = 2
+ *      and 4 and M = 1, 4, 8, 16 (1f1b), beside (P - 1) / (M + P - 1);
+ *   3. stage 0's peak activation memory under gpipe and 1f1b (P = 4, M =
+ *      16): the allocator's peak in the step minus what it holds after the
+ *      step, from the leader's (stage 0's) metrics;
+ *   4. throughput: P = 2 (each stage one thread, M = 8) against one
+ *      process with two threads at the same batch (local strategy), median
+ *      samples/s over the steps after --warmup.
+ * Each configuration runs --reps times; the figures are medians with the
+ * spread (min..max) over the reps.
+ *
+ * usage: bench_pipeline [--steps N] [--warmup W] [--rows R] [--reps K] [--out FILE]
+ */
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+
+enum { MAX_STAGES = 4, MAX_MICRO = 16, MAX_STEPS = 64, MAX_REPS = 9 };
+
+static char bin_dir[PATH_MAX], tmp_dir[64];
+static int steps = 20, warmup = 5, rows = 16, reps = 3;
+
+/* One stage's intervals in one step. */
+typedef struct {
+    double start, end; /* the stage's step */
+    int n;
+    char kind[2 * MAX_MICRO];
+    int micro[2 * MAX_MICRO];
+    double t0[2 * MAX_MICRO], t1[2 * MAX_MICRO];
+} stage_step;
+
+/* A run's timeline: tl[step][stage]. */
+typedef struct {
+    int P, M, steps;
+    stage_step tl[MAX_STEPS + 1][MAX_STAGES];
+} timeline;
+
+/* ---- running jobs ---- */
+
+/* Writes the job and runs it with tessera-run in dir (threads per process);
+ * 0 on success. strategy "local" runs one process at batch rows * M. */
+static int run_job(const char *dir, const char *strategy, int P, int M, const char *sched, int threads) {
+    char job[PATH_MAX], text[2048], cmd[3 * PATH_MAX];
+    snprintf(job, sizeof job, "%s.json", dir);
+    int pipeline = strcmp(strategy, "pipeline") == 0;
+    char par[512];
+    if (pipeline)
+        snprintf(par, sizeof par, "\"strategy\": \"pipeline\", \"stages\": %d, \"micro_batches\": %d, "
+                 "\"schedule\": \"%s\", \"timeline\": true", P, M, sched);
+    else
+        snprintf(par, sizeof par, "\"strategy\": \"local\"");
+    snprintf(text, sizeof text,
+             "{\"name\": \"bench-pipeline\", \"seed\": 1, \"steps\": %d,\n"
+             " \"model\": {\"arch\": \"mlp\", \"hidden\": [784, 784, 784, 784, 784, 784, 784, 784]},\n"
+             " \"data\": {\"kind\": \"fashion_mnist\", \"prefetch\": 0},\n"
+             " \"optimizer\": {\"kind\": \"sgd\", \"lr\": 0.01},\n"
+             " \"train\": {\"batch_size\": %d, \"log_every\": 1, \"eval_batches\": 1},\n"
+             " \"parallel\": {%s}}\n", steps, rows * M, par);
+    FILE *f = fopen(job, "w");
+    if (!f || fputs(text, f) < 0 || fclose(f)) {
+        fprintf(stderr, "bench_pipeline: cannot write %s\n", job);
+        return 1;
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && TESSERA_NUM_THREADS=%d '%s/tessera-run' '%s' --run-dir '%s' > '%s.log' 2>&1",
+             dir, threads, bin_dir, job, dir, dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "bench_pipeline: %s failed; see %s.log\n", job, dir);
+        return 1;
+    }
+    return 0;
+}
+
+/* Reads the stages' timeline files of run folder dir into tl. */
+static int read_timeline(const char *dir, int P, int M, timeline *tl) {
+    memset(tl, 0, sizeof *tl);
+    tl->P = P;
+    tl->M = M;
+    for (int s = 0; s < P; s++) {
+        char path[PATH_MAX + 64], line[1 << 16];
+        snprintf(path, sizeof path, "%s/timeline/stage-%d-replica-0.jsonl", dir, s);
+        FILE *f = fopen(path, "r");
+        if (!f) {
+            fprintf(stderr, "bench_pipeline: no timeline %s\n", path);
+            return 1;
+        }
+        while (fgets(line, sizeof line, f)) {
+            json_t *j = json_loads(line, 0, NULL), *ops = j ? json_object_get(j, "ops") : NULL;
+            int step = j ? (int)json_integer_value(json_object_get(j, "step")) : 0;
+            if (j && step >= 1 && step <= MAX_STEPS && json_is_array(ops)) {
+                stage_step *ss = &tl->tl[step][s];
+                ss->start = json_real_value(json_object_get(j, "start"));
+                ss->end = json_real_value(json_object_get(j, "end"));
+                size_t i;
+                json_t *op;
+                json_array_foreach(ops, i, op) {
+                    if (ss->n == 2 * MAX_MICRO) break;
+                    ss->kind[ss->n] = json_string_value(json_array_get(op, 0))[0];
+                    ss->micro[ss->n] = (int)json_integer_value(json_array_get(op, 1));
+                    ss->t0[ss->n] = json_real_value(json_array_get(op, 2));
+                    ss->t1[ss->n] = json_real_value(json_array_get(op, 3));
+                    ss->n++;
+                }
+                if (step > tl->steps) tl->steps = step;
+            }
+            json_decref(j);
+        }
+        fclose(f);
+    }
+    return 0;
+}
+
+/* The span of one step over all stages: first interval start to last end. */
+static void step_span(const timeline *tl, int step, double *lo, double *hi) {
+    *lo = INFINITY;
+    *hi = -INFINITY;
+    for (int s = 0; s < tl->P; s++) {
+        const stage_step *ss = &tl->tl[step][s];
+        for (int i = 0; i < ss->n; i++) {
+            if (ss->t0[i] < *lo) *lo = ss->t0[i];
+            if (ss->t1[i] > *hi) *hi = ss->t1[i];
+        }
+    }
+}
+
+/* The mean idle share of the stages over the steps after the warm-up. */
+static double bubble(const timeline *tl) {
+    double sum = 0;
+    int n = 0;
+    for (int step = warmup + 1; step <= tl->steps; step++) {
+        double lo, hi;
+        step_span(tl, step, &lo, &hi);
+        if (!(hi > lo)) continue;
+        for (int s = 0; s < tl->P; s++) {
+            double busy = 0;
+            const stage_step *ss = &tl->tl[step][s];
+            for (int i = 0; i < ss->n; i++) busy += ss->t1[i] - ss->t0[i];
+            sum += 1 - busy / (hi - lo);
+            n++;
+        }
+    }
+    return n ? sum / n : NAN;
+}
+
+/* ---- charts ---- */
+
+/* Prints one step of tl as rows of characters: F forward, B backward,
+ * '.' idle, width columns over the step's span. */
+static void print_chart(const char *title, const timeline *tl, int step, int width) {
+    double lo, hi;
+    step_span(tl, step, &lo, &hi);
+    printf("%s, step %d (%.1f ms; F forward, B backward, . idle)\n", title, step, hi - lo);
+    for (int s = 0; s < tl->P; s++) {
+        char row[256];
+        memset(row, '.', (size_t)width);
+        row[width] = '\0';
+        const stage_step *ss = &tl->tl[step][s];
+        for (int i = 0; i < ss->n; i++) {
+            int a = (int)((ss->t0[i] - lo) / (hi - lo) * width), b = (int)((ss->t1[i] - lo) / (hi - lo) * width);
+            for (int c = a; c <= b && c < width; c++) row[c] = ss->kind[i];
+        }
+        printf("  stage %d |%s|\n", s, row);
+    }
+}
+
+/* Appends one step of tl to the SVG at vertical offset y (pixels). */
+static void svg_chart(FILE *f, const char *title, const timeline *tl, int step, int y) {
+    double lo, hi;
+    step_span(tl, step, &lo, &hi);
+    const double x0 = 80, w = 900, rowh = 22;
+    fprintf(f, "<text x=\"10\" y=\"%d\" font-size=\"14\">%s, step %d: %.1f ms</text>\n", y + 14, title, step, hi - lo);
+    for (int s = 0; s < tl->P; s++) {
+        double ry = y + 22 + s * rowh;
+        fprintf(f, "<text x=\"10\" y=\"%.0f\" font-size=\"12\">stage %d</text>\n", ry + 15, s);
+        fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"#eeeeee\"/>\n", x0, ry, w,
+                rowh - 4);
+        const stage_step *ss = &tl->tl[step][s];
+        for (int i = 0; i < ss->n; i++) {
+            double a = x0 + (ss->t0[i] - lo) / (hi - lo) * w, b = x0 + (ss->t1[i] - lo) / (hi - lo) * w;
+            fprintf(f, "<rect x=\"%.1f\" y=\"%.0f\" width=\"%.1f\" height=\"%.0f\" fill=\"%s\"/>"
+                    "<text x=\"%.1f\" y=\"%.0f\" font-size=\"10\" fill=\"white\">%d</text>\n",
+                    a, ry, b - a > 0.5 ? b - a : 0.5, rowh - 4, ss->kind[i] == 'F' ? "#3b7dd8" : "#d8763b", a + 2,
+                    ry + 13, ss->micro[i]);
+        }
+    }
+}
+
+/* ---- the figures ---- */
+
+/* The median of the leader's samples/s and of its peak - held bytes over
+ * the steps after the warm-up, from dir/metrics.jsonl. */
+static int read_metrics(const char *dir, double *samples_per_s, double *act_bytes) {
+    char path[PATH_MAX + 32], line[2048];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return 1;
+    double sps[MAX_STEPS + 1], act[MAX_STEPS + 1];
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n <= MAX_STEPS) {
+        json_t *j = json_loads(line, 0, NULL);
+        const char *kind = j ? json_string_value(json_object_get(j, "kind")) : NULL;
+        if (kind && !strcmp(kind, "step") && json_integer_value(json_object_get(j, "step")) > warmup) {
+            sps[n] = json_number_value(json_object_get(j, "samples_per_s"));
+            act[n++] = json_number_value(json_object_get(j, "peak_bytes")) -
+                       json_number_value(json_object_get(j, "mem_bytes"));
+        }
+        json_decref(j);
+    }
+    fclose(f);
+    if (!n) return 1;
+    *samples_per_s = bench_upper_median(sps, (size_t)n);
+    *act_bytes = bench_upper_median(act, (size_t)n);
+    return 0;
+}
+
+/* Median and spread of v[n]. */
+static void summary(double *v, int n, double *med, double *lo, double *hi) {
+    bench_sort(v, (size_t)n);
+    *med = v[n / 2];
+    *lo = v[0];
+    *hi = v[n - 1];
+}
+
+static int parse_args(int argc, char **argv, char *out, size_t cap) {
+    snprintf(out, cap, "runs/bench-pipeline.svg");
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--steps") && v) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && v) warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rows") && v) rows = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && v) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--out") && v) snprintf(out, cap, "%s", argv[++i]);
+        else {
+            fprintf(stderr, "usage: bench_pipeline [--steps N] [--warmup W] [--rows R] [--reps K] [--out FILE]\n");
+            return 1;
+        }
+    }
+    if (steps < 2 || steps > MAX_STEPS || warmup < 0 || warmup >= steps || rows < 1 || reps < 1 || reps > MAX_REPS) {
+        fprintf(stderr, "bench_pipeline: --steps 2..%d, --warmup below it, --rows >= 1, --reps 1..%d\n", MAX_STEPS,
+                MAX_REPS);
+        return 1;
+    }
+    return 0;
+}
+
+/* 1 and 2: timelines and the bubble against the theory. */
+static int bubbles(FILE *svg) {
+    static const int Ps[] = {2, 4}, Ms[] = {1, 4, 8, 16};
+    static timeline tl;
+    int y = 10;
+    printf("\n## bubble (1f1b; idle share of the step's span, median over %d reps [min..max])\n", reps);
+    printf("%-3s %-3s %-9s %-22s %s\n", "P", "M", "theory", "measured", "measured - theory");
+    for (int pi = 0; pi < 2; pi++)
+        for (int mi = 0; mi < 4; mi++) {
+            int P = Ps[pi], M = Ms[mi];
+            double b[MAX_REPS], med, lo, hi;
+            for (int r = 0; r < reps; r++) {
+                char dir[PATH_MAX];
+                snprintf(dir, sizeof dir, "%s/p%d-m%d-1f1b", tmp_dir, P, M);
+                if (run_job(dir, "pipeline", P, M, "1f1b", 1) || read_timeline(dir, P, M, &tl)) return 1;
+                b[r] = bubble(&tl);
+            }
+            summary(b, reps, &med, &lo, &hi);
+            double theory = (double)(P - 1) / (M + P - 1);
+            printf("%-3d %-3d %-9.3f %.3f [%.3f..%.3f]   %+.1f points\n", P, M, theory, med, lo, hi,
+                   100 * (med - theory));
+        }
+    printf("\n## timelines (one step after the warm-up)\n");
+    for (int pi = 0; pi < 2; pi++)
+        for (int k = 0; k < 2; k++) {
+            const char *sched = k ? "1f1b" : "gpipe";
+            char dir[PATH_MAX], title[64];
+            snprintf(dir, sizeof dir, "%s/p%d-m8-%s", tmp_dir, Ps[pi], sched);
+            if (run_job(dir, "pipeline", Ps[pi], 8, sched, 1) || read_timeline(dir, Ps[pi], 8, &tl)) return 1;
+            snprintf(title, sizeof title, "P = %d, M = 8, %s", Ps[pi], sched);
+            print_chart(title, &tl, warmup + 1, 96);
+            svg_chart(svg, title, &tl, warmup + 1, y);
+            y += 40 + 22 * Ps[pi];
+        }
+    return 0;
+}
+
+/* 3: stage 0's activation memory, gpipe against 1f1b. */
+static int memory(void) {
+    printf("\n## stage 0 peak activation memory (P = 4, M = 16, micro-batch of %d)\n", rows);
+    double act[2];
+    for (int k = 0; k < 2; k++) {
+        char dir[PATH_MAX];
+        double sps;
+        snprintf(dir, sizeof dir, "%s/mem-%s", tmp_dir, k ? "1f1b" : "gpipe");
+        if (run_job(dir, "pipeline", 4, 16, k ? "1f1b" : "gpipe", 1) || read_metrics(dir, &sps, &act[k])) return 1;
+    }
+    printf("gpipe %.2f MiB, 1f1b %.2f MiB: 1f1b / gpipe = %.2f (theory: at most P / M = 4 / 16 = 0.25 of the "
+           "micro-batches in flight)\n", act[0] / (1 << 20), act[1] / (1 << 20), act[1] / act[0]);
+    return 0;
+}
+
+/* 4: P = 2 against one process at the same batch, threads split fairly. */
+static int throughput(void) {
+    printf("\n## throughput at batch %d: P = 2 (1 thread per stage, M = 8, 1f1b) against one process (2 threads)\n",
+           rows * 8);
+    double pipe[MAX_REPS], local[MAX_REPS], ratio[MAX_REPS], act;
+    for (int r = 0; r < reps; r++) {
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/tp-local", tmp_dir);
+        if (run_job(dir, "local", 1, 8, "", 2) || read_metrics(dir, &local[r], &act)) return 1;
+        snprintf(dir, sizeof dir, "%s/tp-pipe", tmp_dir);
+        if (run_job(dir, "pipeline", 2, 8, "1f1b", 1) || read_metrics(dir, &pipe[r], &act)) return 1;
+        ratio[r] = pipe[r] / local[r];
+    }
+    double m[3], lo[3], hi[3];
+    summary(local, reps, &m[0], &lo[0], &hi[0]);
+    summary(pipe, reps, &m[1], &lo[1], &hi[1]);
+    summary(ratio, reps, &m[2], &lo[2], &hi[2]);
+    printf("one process %.0f samples/s [%.0f..%.0f], P = 2 %.0f samples/s [%.0f..%.0f]: P = 2 / one = %.2f "
+           "[%.2f..%.2f]\n", m[0], lo[0], hi[0], m[1], lo[1], hi[1], m[2], lo[2], hi[2]);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    char out[PATH_MAX];
+    if (parse_args(argc, argv, out, sizeof out)) return 2;
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return 1;
+    self[n] = '\0';
+    snprintf(bin_dir, sizeof bin_dir, "%.*s", (int)(strrchr(self, '/') - self), self);
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/bench-pipeline-XXXXXX");
+    if (!mkdtemp(tmp_dir)) return 1;
+    FILE *svg = fopen(out, "w");
+    if (!svg) {
+        fprintf(stderr, "bench_pipeline: cannot write %s\n", out);
+        return 1;
+    }
+    fprintf(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"%d\" "
+            "font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", 4 * 40 + 22 * 12 + 20);
+    printf("bench_pipeline: MLP of 8 layers 784 x 784, micro-batches of %d rows, %d steps (first %d warm-up), "
+           "%d reps; runs in %s\n", rows, steps, warmup, reps, tmp_dir);
+    int rc = bubbles(svg) || memory() || throughput();
+    fprintf(svg, "</svg>\n");
+    fclose(svg);
+    if (!rc) printf("\nchart: %s\n", out);
+    char cmd[PATH_MAX];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
+    if (!rc && system(cmd) != 0) fprintf(stderr, "bench_pipeline: could not remove %s\n", tmp_dir);
+    return rc;
+}
