@@ -198,18 +198,16 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
     MPI_Comm group;
     MPI_Comm_split(MPI_COMM_WORLD, (int)mine, rank, &group);
 
+    char run_dir[TS_JOB_PATH_MAX + 16]; /* --run-dir, else the job's */
+    ts_worker_run_dir(&job, o->run_dir, run_dir, sizeof run_dir);
     int code = 1;
     if (rank == root) {
         code = ts_sched_run(sched);
         ts_sched_destroy(sched);
     } else if (wrote && mine == TS_ROLE_PS) {
-        char run_dir[TS_JOB_PATH_MAX + 16];
-        ts_worker_run_dir(&job, NULL, run_dir, sizeof run_dir);
         ts_ps_options po = {.job = &job, .scheduler = endpoint, .key_file = key_path, .rank = -1, .run_dir = run_dir};
         code = ts_ps_run(&po);
     } else if (wrote) {
-        char run_dir[TS_JOB_PATH_MAX + 16];
-        ts_worker_run_dir(&job, NULL, run_dir, sizeof run_dir);
         ts_worker_options wo = {.job = &job, .scheduler = endpoint, .key_file = key_path, .rank = -1,
                                 .run_dir = run_dir, .prog = "tessera-run --mpi", .mpi_comm = &group};
         code = ts_worker_run(&wo);
