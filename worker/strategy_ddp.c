@@ -289,10 +289,13 @@ static ts_status ddp_grads_ready(ts_strategy *s, int64_t offset, int64_t len) {
 }
 
 /* One try at the step's gradients, averaged over the workers, and its
- * loss and sample count summed over them. */
+ * loss and sample count summed over them. The time spent waiting after
+ * backward - communication that compute did not hide - is the step's
+ * wait_ms. */
 static ts_status try_step(ddp_strategy *d, double *loss, int64_t *samples) {
     ts_buckets_reset(d->buckets);
     ts_status st = ts_trainer_grads(d->base.trainer, loss, samples);
+    double t0 = ts_clock_ms();
     ts_status waited = ts_buckets_wait(d->buckets, ts_f32(d->base.trainer->model->flat_grads), bucket_wait, d);
     if (st) return st;
     if (waited) return waited;
@@ -302,6 +305,7 @@ static ts_status try_step(ddp_strategy *d, double *loss, int64_t *samples) {
     ts_comm_req *req;
     st = ts_comm_start(d->comm, &op, &req);
     if (!st) st = finish(d, req);
+    d->base.times.wait_ms += ts_clock_ms() - t0;
     *loss = sums[0] / d->base.group.world;
     *samples = (int64_t)sums[1];
     return st;
