@@ -7,7 +7,8 @@
  * For each size (MiB of f32) it times, with a barrier before every
  * repetition and the median kept: raw MPI_Allreduce (in place), Tessera's
  * MPI backend, and the ZeroMQ ring over tcp (ports bound at --bind, default
- * 127.0.0.1; on a virtual cluster each rank's node address) and over ipc.
+ * 127.0.0.1; on a virtual cluster 0.0.0.0, each port then named by its
+ * node's host name) and over ipc.
  * Bus bandwidth is 2(N-1)/N * bytes / time, the figure NCCL's tests print:
  * what each rank's link carries per second. Every result is checked. Rank 0
  * prints one row per size and transport, with the ratio to raw MPI.

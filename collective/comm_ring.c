@@ -99,9 +99,11 @@ ts_ring_port *ts_ring_port_open(const char *endpoint, const char *key_file, cons
     if (!st) st = ts_secure_server(p->in, &p->keys);
     if (!st && zmq_bind(p->in, endpoint) != 0)
         st = ts_error(TS_ERR_IO, "ring port: cannot bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
-    size_t len = sizeof p->endpoint;
-    if (!st && zmq_getsockopt(p->in, ZMQ_LAST_ENDPOINT, p->endpoint, &len) != 0)
+    char bound[TS_PROTO_ADDR_MAX + 1];
+    size_t len = sizeof bound;
+    if (!st && zmq_getsockopt(p->in, ZMQ_LAST_ENDPOINT, bound, &len) != 0)
         st = ts_error(TS_ERR_IO, "ring port: ZMQ_LAST_ENDPOINT: %s", zmq_strerror(zmq_errno()));
+    if (!st) ts_proto_public_endpoint(bound, p->endpoint, sizeof p->endpoint);
     if (st) {
         ts_ring_port_close(p);
         return NULL;

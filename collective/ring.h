@@ -36,7 +36,8 @@ typedef struct ts_ring_port ts_ring_port;
  * for job, CURVE-secured with the key file (NULL: env TESSERA_KEY_FILE). */
 ts_ring_port *ts_ring_port_open(const char *endpoint, const char *key_file, const char *job);
 
-/* The endpoint peers connect to (the port actually bound). */
+/* The endpoint peers connect to: the port actually bound, with this
+ * host's name for a wildcard address. */
 const char *ts_ring_port_endpoint(const ts_ring_port *p);
 
 /* Closes the port; its communicators must be freed first. NULL is fine. */

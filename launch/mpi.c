@@ -66,24 +66,6 @@ static int write_key(const char *dir, const char *bytes, long n, char *path,
     return ok ? 0 : -1;
 }
 
-/* Replaces a wildcard host (0.0.0.0, *) in endpoint with this host's name,
- * so that other nodes can connect to it. */
-static void public_endpoint(const char *bound, char *out, size_t cap) {
-    const char *host = strstr(bound, "://");
-    const char *port = strrchr(bound, ':');
-    host = host ? host + 3 : bound;
-    if (port && port > host &&
-        (strncmp(host, "0.0.0.0:", 8) == 0 || strncmp(host, "*:", 2) == 0)) {
-        char name[HOST_NAME_MAX + 1];
-        if (gethostname(name, sizeof name) == 0) {
-            name[sizeof name - 1] = '\0';
-            snprintf(out, cap, "tcp://%s%s", name, port);
-            return;
-        }
-    }
-    snprintf(out, cap, "%s", bound);
-}
-
 int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
                   char **argv) {
     if (o->job.parallel.strategy == TS_STRATEGY_LOCAL) {
@@ -167,7 +149,7 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
                 sched = ts_sched_create(&cfg);
             ts_argv_free(&a);
             if (sched) {
-                public_endpoint(ts_sched_endpoint(sched), endpoint, sizeof endpoint);
+                ts_proto_public_endpoint(ts_sched_endpoint(sched), endpoint, sizeof endpoint);
                 printf("listening %s\n", endpoint);
                 fflush(stdout);
             } else {

@@ -372,6 +372,11 @@ ts_proto_error ts_proto_recv(void *sock, const ts_proto_limits *lim, int flags,
  * TS_PROTO_HANDSHAKE_MS. TS_ERR_IO naming the option when libzmq refuses. */
 ts_status ts_proto_limit_socket(void *sock, const ts_proto_limits *lim);
 
+/* The endpoint peers should connect to for a socket bound at `bound`
+ * (ZMQ_LAST_ENDPOINT): a wildcard address (0.0.0.0 or *) becomes this
+ * host's name, anything else is copied. */
+void ts_proto_public_endpoint(const char *bound, char *out, size_t cap);
+
 /* Empties an rx (zero state). */
 void ts_proto_rx_init(ts_proto_rx *rx);
 /* Releases the frames, arrays and message an rx holds; it is empty and

@@ -9,8 +9,10 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* zmq free callback for malloc'd header buffers. */
 static void free_buffer(void *data, void *hint) {
@@ -227,4 +229,19 @@ ts_proto_error ts_proto_recv(void *sock, const ts_proto_limits *lim, int flags,
         rx->views[i - skip].size = zmq_msg_size(&rx->parts[i]);
     }
     return ts_proto_decode(rx->views, rx->nparts - skip, lim, &rx->msg);
+}
+
+void ts_proto_public_endpoint(const char *bound, char *out, size_t cap) {
+    const char *host = strstr(bound, "://");
+    host = host ? host + 3 : bound;
+    const char *port = strrchr(host, ':');
+    if (port && (strncmp(host, "0.0.0.0:", 8) == 0 || strncmp(host, "*:", 2) == 0)) {
+        char name[256];
+        if (gethostname(name, sizeof name) == 0) {
+            name[sizeof name - 1] = '\0';
+            snprintf(out, cap, "tcp://%s%s", name, port);
+            return;
+        }
+    }
+    snprintf(out, cap, "%s", bound);
 }
