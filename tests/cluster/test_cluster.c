@@ -143,7 +143,8 @@ static void test_restart_worker(void **state) {
 /* (c) tessera-run --join adds a worker at a step boundary; the roster grows. */
 static void test_join(void **state) {
     (void)state;
-    const char *job = job_file("join", 80, 2, 0, 40, "\"max_workers\": 3");
+    /* long enough for a joiner that loads its data on a loaded machine */
+    const char *job = job_file("join", 250, 2, 0, 40, "\"max_workers\": 3");
     const char *run_dir = th_path("run-join");
     const char *argv[] = {"tessera-run", job, "--run-dir", run_dir, NULL};
     th_proc run = th_start("join", argv);
@@ -155,7 +156,7 @@ static void test_join(void **state) {
 
     const char *jargv[] = {"tessera-run", "--join", addr, "--key-file", key, job, NULL};
     th_proc joiner = th_start("joiner", jargv);
-    th_expect_output(&joiner, "joined rank=", 8000);
+    th_expect_output(&joiner, "joined rank=", 20000);
     char *text = th_output(&joiner);
     const char *s = strstr(text, "start_step=");
     long start = s ? strtol(s + 11, NULL, 10) : -1;
@@ -174,7 +175,7 @@ static void test_join(void **state) {
     if (workers < 3) th_dump(&status, "status roster does not list 3 workers");
 
     assert_int_equal(th_wait(&joiner, 30000), 0);
-    th_expect_output(&joiner, "step 80 world 3", 0);
+    th_expect_output(&joiner, "step 250 world 3", 0);
     int rc = th_wait(&run, 30000);
     if (rc != 0) th_dump(&run, "tessera-run did not exit 0 with a joined worker");
     assert_int_equal(th_leftovers(), 0);
