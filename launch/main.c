@@ -33,10 +33,14 @@ static const char usage[] =
     "      checkpoint of the run folder (a cluster job needs --run-dir)\n"
     "      (--force: train even when the model's memory estimate exceeds\n"
     "      the memory available)\n"
-    "  tessera-run --eval CHECKPOINT_DIR\n"
-    "      test loss and accuracy (or bits per byte) of a checkpoint\n"
-    "  tessera-run --generate CHECKPOINT_DIR --prompt TEXT [--tokens N]\n"
-    "      [--temperature T] [--top-k K] [--seed S]   sample text from a GPT\n"
+    "  tessera-run --eval CHECKPOINT_DIR | --eval WEIGHTS.safetensors JOB.json [--set ...]\n"
+    "      test loss and accuracy (or bits per byte) of a checkpoint, or of\n"
+    "      weights trained elsewhere for the job's model (--set model.init_map=MAP\n"
+    "      for foreign names, e.g. examples/maps/gpt2_hf.json)\n"
+    "  tessera-run --generate CHECKPOINT_DIR | WEIGHTS JOB.json --prompt TEXT\n"
+    "      [--tokens N] [--temperature T] [--top-k K] [--seed S]   sample text from a GPT\n"
+    "  tessera-run --export-onnx CHECKPOINT_DIR | WEIGHTS JOB.json -o MODEL.onnx\n"
+    "      the MLP, CNN or GPT as an ONNX model (opset 17, dynamic batch)\n"
     "  tessera-run --plot RUN_DIR      draw RUN_DIR/metrics.png\n"
     "  tessera-run --env               version, build options, CPU kernels, BLAS,\n"
     "      threads, ZeroMQ/CURVE, MPI, CUDA\n"
@@ -44,8 +48,9 @@ static const char usage[] =
 
 /* Parsed command line. */
 typedef struct {
-    enum { MODE_RUN, MODE_JOIN, MODE_STATUS, MODE_MPI, MODE_EVAL, MODE_GENERATE, MODE_PLOT, MODE_ENV } mode;
-    const char *checkpoint; /* --eval / --generate */
+    enum { MODE_RUN, MODE_JOIN, MODE_STATUS, MODE_MPI, MODE_EVAL, MODE_GENERATE, MODE_EXPORT, MODE_PLOT, MODE_ENV } mode;
+    const char *checkpoint; /* --eval / --generate / --export-onnx */
+    const char *output;     /* --export-onnx -o */
     const char *prompt;
     int tokens, top_k;
     double temperature;
@@ -109,6 +114,11 @@ static int parse_cli(int argc, char **argv, cli *c) {
         } else if ((v = flag_value(argc, argv, &i, "--generate"))) {
             c->mode = MODE_GENERATE;
             c->checkpoint = v;
+        } else if ((v = flag_value(argc, argv, &i, "--export-onnx"))) {
+            c->mode = MODE_EXPORT;
+            c->checkpoint = v;
+        } else if ((v = flag_value(argc, argv, &i, "-o"))) {
+            c->output = v;
         } else if ((v = flag_value(argc, argv, &i, "--plot"))) {
             c->mode = MODE_PLOT;
             c->run_dir = v;
@@ -148,8 +158,12 @@ static int parse_cli(int argc, char **argv, cli *c) {
         }
     }
     if (c->mode >= MODE_EVAL) {
-        if (c->job_path) {
+        if (c->job_path && c->mode != MODE_EVAL && c->mode != MODE_GENERATE && c->mode != MODE_EXPORT) {
             fprintf(stderr, "tessera-run: this mode takes no job file (%s)\n", c->job_path);
+            return -1;
+        }
+        if (c->mode == MODE_EXPORT && !c->output) {
+            fprintf(stderr, "tessera-run --export-onnx needs -o MODEL.onnx\n");
             return -1;
         }
         if (c->mode == MODE_GENERATE && !c->prompt) {
@@ -227,9 +241,13 @@ int main(int argc, char **argv) {
     } else if (c.mode == MODE_ENV) {
         code = ts_launch_env();
     } else if (c.mode == MODE_EVAL) {
-        code = ts_launch_eval(c.checkpoint);
+        code = ts_launch_eval(&(ts_launch_source){c.checkpoint, c.job_path, (const char *const *)c.sets, c.nsets});
     } else if (c.mode == MODE_GENERATE) {
-        code = ts_launch_generate(c.checkpoint, c.prompt, c.tokens, c.temperature, c.top_k, c.seed);
+        code = ts_launch_generate(&(ts_launch_source){c.checkpoint, c.job_path, (const char *const *)c.sets, c.nsets},
+                                  c.prompt, c.tokens, c.temperature, c.top_k, c.seed);
+    } else if (c.mode == MODE_EXPORT) {
+        code = ts_launch_export_onnx(&(ts_launch_source){c.checkpoint, c.job_path, (const char *const *)c.sets, c.nsets},
+                                     c.output);
     } else if (c.mode == MODE_PLOT) {
         code = ts_launch_plot(c.run_dir, png, sizeof png);
         if (!code) printf("chart: %s\n", png);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "kernels/io/checkpoint.h"
+#include "proto/job_model.h"
 #include "worker/generate.h"
 #include "worker/node.h"
 #include "worker/trainer.h"
@@ -53,8 +54,26 @@ static ts_trainer *trainer_from_checkpoint(const char *ckpt) {
     return t;
 }
 
-int ts_launch_eval(const char *ckpt) {
-    ts_trainer *t = trainer_from_checkpoint(ckpt);
+/* A trainer for src: a checkpoint folder, or a weights file the job's model
+ * starts from (model.init_from). */
+static ts_trainer *trainer_from(const ts_launch_source *src) {
+    ts_job job;
+    bool ck;
+    if (ts_job_for_weights(src->path, src->job_path, src->sets, src->nsets, &job, &ck)) return NULL;
+    if (ck) return trainer_from_checkpoint(src->path);
+    job.data.prefetch = 0;
+    json_t *doc = ts_job_to_json(&job);
+    char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
+    ts_trainer *t = text ? ts_trainer_create(&job, text, NULL, false, ts_strategy_local_new(NULL)) : NULL;
+    if (!text) ts_error(TS_ERR_MEMORY, "%s: out of memory", src->job_path);
+    free(text);
+    return t;
+}
+
+int ts_launch_eval(const ts_launch_source *src) {
+    const char *ckpt = src->path;
+    ts_trainer *t = trainer_from(src);
     ts_eval_stats e;
     if (!t || ts_trainer_eval(t, true, 0, &e)) {
         fprintf(stderr, "tessera-run --eval: %s\n", ts_last_error());
@@ -72,8 +91,10 @@ int ts_launch_eval(const char *ckpt) {
     return 0;
 }
 
-int ts_launch_generate(const char *ckpt, const char *prompt, int n, double temperature, int top_k, uint64_t seed) {
-    ts_trainer *t = trainer_from_checkpoint(ckpt);
+int ts_launch_generate(const ts_launch_source *src, const char *prompt, int n, double temperature, int top_k,
+                       uint64_t seed) {
+    const char *ckpt = src->path;
+    ts_trainer *t = trainer_from(src);
     if (t && t->spec.arch != TS_ARCH_GPT) {
         ts_error(TS_ERR_VALUE, "%s: --generate needs a GPT checkpoint", ckpt);
         ts_trainer_free(t);

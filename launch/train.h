@@ -1,6 +1,6 @@
 /* train.h - tessera-run's single-process modes: training a job in this
  * process (strategy "local"), evaluating a checkpoint, generating text from
- * a GPT checkpoint, plotting a run's metrics, and the environment report.
+ * a GPT checkpoint, exporting one to ONNX, plotting a run's metrics, and the environment report.
  */
 #ifndef TS_LAUNCH_TRAIN_H
 #define TS_LAUNCH_TRAIN_H
@@ -16,12 +16,27 @@
  * exit status. */
 int ts_launch_train(const ts_job *job, const char *run_dir, bool resume, bool force);
 
-/* Evaluates the checkpoint folder ckpt on its job's test split (or the
- * validation split when the data has no test split). */
-int ts_launch_eval(const char *ckpt);
+/* The weights an evaluation or generation runs: a checkpoint folder
+ * (job_path NULL, no sets), or a bare safetensors file with the job that
+ * describes its model (its model.init_from becomes path; sets override the
+ * job, e.g. model.init_map). */
+typedef struct {
+    const char *path;
+    const char *job_path;
+    const char *const *sets;
+    int nsets;
+} ts_launch_source;
 
-/* Prints prompt + n bytes sampled from the GPT checkpoint ckpt. */
-int ts_launch_generate(const char *ckpt, const char *prompt, int n, double temperature, int top_k, uint64_t seed);
+/* Evaluates the weights of src on its job's test split (or the validation
+ * split when the data has no test split). */
+int ts_launch_eval(const ts_launch_source *src);
+
+/* Prints prompt + n bytes sampled from the GPT of src. */
+int ts_launch_generate(const ts_launch_source *src, const char *prompt, int n, double temperature, int top_k,
+                       uint64_t seed);
+
+/* Writes the model of src as an ONNX file at out (kernels/io/onnx.h). */
+int ts_launch_export_onnx(const ts_launch_source *src, const char *out);
 
 /* Draws <run_dir>/metrics.png from <run_dir>/metrics.jsonl with gnuplot;
  * the PNG's path goes to png (cap bytes). */

@@ -124,6 +124,8 @@ static const field model_fields[] = {
     INT_FIELD("block_size", model.block_size, "64", 1, 1 << 16),
     REAL_FIELD("dropout", model.dropout, "0.0", 0, 1),
     BOOL_FIELD("checkpoint", model.checkpoint, "false"),
+    STRING_FIELD("init_from", model.init_from, "\"\"", 0, NULL),
+    STRING_FIELD("init_map", model.init_map, "\"\"", 0, NULL),
     {0},
 };
 
@@ -447,6 +449,9 @@ static ts_status finish_job(ts_job *job) {
         return ts_error(TS_ERR_VALUE,
                         "model.n_embd: %d is not divisible by model.n_head (%d)",
                         job->model.n_embd, job->model.n_head);
+    if (job->model.init_map[0] && !job->model.init_from[0])
+        return ts_error(TS_ERR_VALUE, "model.init_map: \"%s\" is given without model.init_from",
+                        job->model.init_map);
     if (job->data.val_fraction >= 1)
         return ts_error(TS_ERR_VALUE, "data.val_fraction: %g must be below 1",
                         job->data.val_fraction);

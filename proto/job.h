@@ -100,6 +100,8 @@ typedef struct {
     int n_layer, n_head, n_embd, block_size; /* gpt */
     double dropout;
     int checkpoint;       /* activation checkpointing of GPT blocks */
+    char init_from[TS_JOB_PATH_MAX]; /* safetensors file the weights start from; "" = the seed */
+    char init_map[TS_JOB_PATH_MAX];  /* name map for init_from (kernels/io/weights.h); "" = none */
 } ts_job_model;
 
 /* Where the samples come from. */

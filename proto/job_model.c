@@ -1,10 +1,14 @@
 /* job_model.c - the job's model spec, optimizer config and decay groups. */
 #include "proto/job_model.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "kernels/data/text.h"
+#include "kernels/io/checkpoint.h"
+#include "kernels/io/weights.h"
 
 ts_status ts_job_model_spec(const ts_job *job, ts_model_spec *spec) {
     const ts_job_model *m = &job->model;
@@ -37,6 +41,79 @@ ts_status ts_job_model_spec(const ts_job *job, ts_model_spec *spec) {
         break;
     }
     return ts_model_units(spec) < 0 ? ts_last_status() : TS_OK;
+}
+
+ts_model *ts_job_model_build(const ts_job *job, const ts_model_spec *spec, int first, int end) {
+    ts_model *m = ts_model_build(spec, first, end, ts_key_from_seed((uint64_t)job->seed), TS_F32);
+    if (!m || !job->model.init_from[0]) return m;
+    bool whole = first == 0 && (end < 0 || end == ts_model_units(spec));
+    if (ts_weights_load(m, job->model.init_from, job->model.init_map, whole)) {
+        ts_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* The job saved in the checkpoint folder dir. */
+static ts_status checkpoint_job(const char *dir, ts_job *job) {
+    ts_checkpoint *ck = ts_checkpoint_open(dir);
+    if (!ck) return ts_last_status();
+    ts_status st = ck->config ? ts_job_parse(ck->config, NULL, 0, job)
+                              : ts_error(TS_ERR_FORMAT, "%s: the checkpoint holds no job config", dir);
+    ts_checkpoint_close(ck);
+    return st;
+}
+
+/* The job file at job_path with model.init_from = path, then the sets. */
+static ts_status weights_job(const char *path, const char *job_path, const char *const *sets, int nsets, ts_job *job) {
+    json_t *quoted = json_string(path);
+    char *value = quoted ? json_dumps(quoted, JSON_ENCODE_ANY) : NULL;
+    json_decref(quoted);
+    const char **all = calloc((size_t)nsets + 1, sizeof *all);
+    size_t len = value ? strlen(value) + 32 : 0;
+    char *init = value && all ? malloc(len) : NULL;
+    ts_status st = init ? TS_OK : ts_error(TS_ERR_MEMORY, "%s: out of memory", path);
+    if (!st) {
+        snprintf(init, len, "model.init_from=%s", value);
+        all[0] = init;
+        for (int i = 0; i < nsets; i++) all[i + 1] = sets[i];
+        st = ts_job_load(job_path, all, nsets + 1, job);
+    }
+    free(value);
+    free(init);
+    free(all);
+    return st;
+}
+
+ts_status ts_job_for_weights(const char *path, const char *job_path, const char *const *sets, int nsets, ts_job *job,
+                             bool *is_checkpoint) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) return ts_error(TS_ERR_IO, "%s: no such checkpoint folder or weights file", path);
+    *is_checkpoint = S_ISDIR(sb.st_mode);
+    if (*is_checkpoint && (job_path || nsets))
+        return ts_error(TS_ERR_VALUE, "%s is a checkpoint folder: it brings its own job (no job file or --set)", path);
+    if (*is_checkpoint) return checkpoint_job(path, job);
+    if (!job_path) return ts_error(TS_ERR_VALUE, "%s is a weights file: give the job that describes its model (JOB.json)", path);
+    return weights_job(path, job_path, sets, nsets, job);
+}
+
+ts_model *ts_job_model_open(const char *path, const char *job_path, const char *const *sets, int nsets, ts_job *job,
+                            ts_model_spec *spec) {
+    bool ck;
+    ts_status st = ts_job_for_weights(path, job_path, sets, nsets, job, &ck);
+    if (!st && ck) { /* the checkpoint's weights, validated by opening it */
+        ts_checkpoint *c = ts_checkpoint_open(path);
+        st = c ? TS_OK : ts_last_status();
+        ts_checkpoint_close(c);
+        if (!st && snprintf(job->model.init_from, sizeof job->model.init_from, "%s/model.safetensors", path) >=
+                       (int)sizeof job->model.init_from)
+            st = ts_error(TS_ERR_VALUE, "%s: the checkpoint path is too long", path);
+        job->model.init_map[0] = '\0';
+    }
+    if (!st) st = ts_job_model_spec(job, spec);
+    ts_model *m = st ? NULL : ts_job_model_build(job, spec, 0, -1);
+    if (m) ts_model_train(m, false);
+    return m;
 }
 
 ts_status ts_job_optim_config(const ts_job *job, ts_optim_config *cfg) {

@@ -16,6 +16,26 @@
  * names the field when they do not fit together (mlp needs fashion_mnist). */
 ts_status ts_job_model_spec(const ts_job *job, ts_model_spec *spec);
 
+/* Builds units [first, end) of spec (end = -1: all), job's model, from the
+ * job's seed, then, when model.init_from names a weights file, loads those
+ * weights through model.init_map (ts_weights_load; strict for the whole
+ * model, a slice takes its own parameters from the file). */
+ts_model *ts_job_model_build(const ts_job *job, const ts_model_spec *spec, int first, int end);
+
+/* The job of the weights at path: a checkpoint folder's own saved job
+ * (*is_checkpoint true; job_path must be NULL and nsets 0), or the job
+ * file job_path whose model starts from the weights file path
+ * (model.init_from = path, applied before the nsets overrides, so they may
+ * name model.init_map). */
+ts_status ts_job_for_weights(const char *path, const char *job_path, const char *const *sets, int nsets, ts_job *job,
+                             bool *is_checkpoint);
+
+/* A whole model with trained weights for inference or export (eval mode),
+ * from a checkpoint folder or a weights file with its job, as
+ * ts_job_for_weights reads them. The job goes to *job, its spec to *spec. */
+ts_model *ts_job_model_open(const char *path, const char *job_path, const char *const *sets, int nsets, ts_job *job,
+                            ts_model_spec *spec);
+
 /* The optimizer config of the job's "optimizer" section, checked. */
 ts_status ts_job_optim_config(const ts_job *job, ts_optim_config *cfg);
 

@@ -186,7 +186,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
             st = ts_error(TS_ERR_VALUE, "steps: the job has no steps to run");
     }
     if (!st) {
-        t->model = ts_model_build(&t->spec, first, end, ts_key_from_seed((uint64_t)job->seed), TS_F32);
+        t->model = ts_job_model_build(job, &t->spec, first, end);
         if (!t->model) st = ts_last_status();
         else if (job->train.bf16) st = ts_model_set_compute_dtype(t->model, TS_BF16);
     }

@@ -1,0 +1,106 @@
+/* test_import.c - weights trained in PyTorch, used through the real
+ * tessera-run with nothing but a job: --eval of a CNN's safetensors, --generate
+ * from a GPT under Hugging Face GPT-2 names with the shipped name map, a
+ * training job starting from them (model.init_from), and the messages a
+ * mismatch gets (the tensor and both shapes). Weights come from
+ * tests/kernels/import_torch.py (/usr/bin/python3 with torch). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "../test_util.h"
+
+#define HANG_S 300
+#define CNN_JOB "examples/cnn_fashion.json --set model.ch1=4 --set model.ch2=8 --set model.kernel=5"
+#define GPT_JOB "examples/gpt_fortunes.json --set model.n_layer=2 --set model.n_head=2 --set model.n_embd=32 " \
+                "--set model.block_size=16"
+
+static char dir[64];
+static char out[1 << 16];
+
+static int setup(void **state) {
+    (void)state;
+    if (tu_make_tmp_dir(dir, sizeof dir, "tessera_import")) return -1;
+    tu_run_python("tests/kernels/import_torch.py", dir, 2);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    return tu_remove_dir(dir);
+}
+
+/* Runs tessera-run with args (printf-style) under timeout, stdout and
+ * stderr into out; returns the exit status. */
+static int run(const char *fmt, ...) {
+    char args[2048], cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    const char *bin = getenv("TESSERA_BIN_DIR");
+    snprintf(cmd, sizeof cmd, "timeout %d %s/tessera-run %s 2>&1", HANG_S, bin ? bin : "build/bin", args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    int rc = pclose(p);
+    printf("$ tessera-run %s\n%s", args, out);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void test_eval_weights(void **state) {
+    (void)state;
+    assert_int_equal(run("--eval %s/cnn_torch.safetensors " CNN_JOB, dir), 0);
+    assert_non_null(strstr(out, "test loss"));
+    assert_non_null(strstr(out, "accuracy"));
+    /* a weights file needs its job; a checkpoint folder brings its own */
+    assert_int_not_equal(run("--eval %s/cnn_torch.safetensors", dir), 0);
+    assert_non_null(strstr(out, "give the job"));
+}
+
+static void test_generate_hf_names(void **state) {
+    (void)state;
+    assert_int_equal(run("--generate %s/gpt_hf.safetensors " GPT_JOB
+                         " --set model.init_map=examples/maps/gpt2_hf.json --prompt 'The ' --tokens 12 --seed 1",
+                         dir),
+                     0);
+    assert_int_equal(strncmp(out, "The ", 4), 0);
+    assert_int_equal(strlen(out), 4 + 12 + 1);
+    /* without the map the names are refused, naming one */
+    assert_int_not_equal(run("--generate %s/gpt_hf.safetensors " GPT_JOB " --prompt 'The '", dir), 0);
+    assert_non_null(strstr(out, "'transformer."));
+}
+
+static void test_train_from_weights(void **state) {
+    (void)state;
+    assert_int_equal(run(CNN_JOB " --set model.init_from=%s/cnn_torch.safetensors --set train.epochs=0 --set steps=2 "
+                                 "--set schedule.warmup_steps=0 --set train.eval_batches=1 --run-dir %s/run",
+                         dir, dir),
+                     0);
+    /* a job whose model differs from the file: the tensor and both shapes */
+    assert_int_not_equal(run(CNN_JOB " --set model.ch1=6 --set model.init_from=%s/cnn_torch.safetensors "
+                                     "--set train.epochs=0 --set steps=2 --run-dir %s/run2",
+                             dir, dir),
+                         0);
+    assert_non_null(strstr(out, "'conv1.weight'"));
+    assert_non_null(strstr(out, "[4,1,5,5]"));
+    assert_non_null(strstr(out, "[6,1,5,5]"));
+    assert_int_not_equal(run(CNN_JOB " --set model.init_map=x.json --set steps=1", dir), 0);
+    assert_non_null(strstr(out, "model.init_map"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_eval_weights),
+        cmocka_unit_test(test_generate_hf_names),
+        cmocka_unit_test(test_train_from_weights),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
