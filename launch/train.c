@@ -12,7 +12,7 @@
 
 #include "kernels/io/checkpoint.h"
 #include "proto/job_model.h"
-#include "worker/generate.h"
+#include "kernels/nn/generate.h"
 #include "worker/node.h"
 #include "worker/trainer.h"
 

@@ -1,0 +1,131 @@
+/* generate.c - temperature / top-k sampling from a GPT. */
+#include "kernels/nn/generate.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/autograd.h"
+
+/* Samples an index from logits (vocab entries) with temperature, top_k and
+ * the uniform number u in [0, 1). */
+static int sample(const float *logits, int vocab, double temperature, int top_k, double u) {
+    double *p = malloc(sizeof(double) * (size_t)vocab);
+    if (!p) return 0;
+    double max = -INFINITY;
+    for (int i = 0; i < vocab; i++) max = fmax(max, logits[i]);
+    /* threshold: the top_k-th largest logit */
+    double cut = -INFINITY;
+    if (top_k > 0 && top_k < vocab) {
+        for (int i = 0; i < vocab; i++) p[i] = logits[i];
+        for (int k = 0; k < top_k; k++) { /* partial selection, vocab is small */
+            int best = -1;
+            for (int i = 0; i < vocab; i++)
+                if (p[i] != -INFINITY && (best < 0 || p[i] > p[best])) best = i;
+            cut = p[best];
+            p[best] = -INFINITY;
+        }
+    }
+    double sum = 0;
+    for (int i = 0; i < vocab; i++) {
+        p[i] = logits[i] >= cut ? exp((logits[i] - max) / temperature) : 0;
+        sum += p[i];
+    }
+    double target = u * sum, acc = 0;
+    int pick = vocab - 1;
+    for (int i = 0; i < vocab; i++) {
+        acc += p[i];
+        if (p[i] > 0 && acc > target) {
+            pick = i;
+            break;
+        }
+    }
+    free(p);
+    return pick;
+}
+
+struct ts_generator {
+    ts_model *m;
+    int64_t block_size;
+    double temperature;
+    int top_k, n, made;
+    ts_key key;
+    char *text; /* prompt + the bytes made so far, NUL-terminated */
+    size_t len;
+};
+
+ts_generator *ts_generator_new(ts_model *m, int64_t block_size, const char *prompt, int n, double temperature,
+                               int top_k, ts_key key) {
+    size_t plen = strlen(prompt);
+    if (!(temperature > 0)) {
+        ts_error(TS_ERR_VALUE, "generate: temperature %g must be positive", temperature);
+        return NULL;
+    }
+    if (plen == 0 || n < 0) {
+        ts_error(TS_ERR_VALUE, "generate: %s", plen ? "the number of bytes is negative" : "the prompt is empty");
+        return NULL;
+    }
+    ts_generator *g = calloc(1, sizeof *g);
+    char *text = g ? malloc(plen + (size_t)n + 1) : NULL;
+    if (!text) {
+        free(g);
+        ts_error(TS_ERR_MEMORY, "generate: out of memory for %zu + %d bytes", plen, n);
+        return NULL;
+    }
+    memcpy(text, prompt, plen + 1);
+    *g = (ts_generator){m, block_size, temperature, top_k, n, 0, key, text, plen};
+    return g;
+}
+
+void ts_generator_free(ts_generator *g) {
+    if (!g) return;
+    free(g->text);
+    free(g);
+}
+
+ts_status ts_generator_next(ts_generator *g, char *c, bool *done) {
+    *done = g->made >= g->n;
+    if (*done) return TS_OK;
+    int64_t T = (int64_t)g->len < g->block_size ? (int64_t)g->len : g->block_size;
+    ts_tensor *idx = ts_tensor_empty(TS_I64, 2, (int64_t[]){1, T});
+    if (!idx) return ts_last_status();
+    for (int64_t j = 0; j < T; j++) ts_tensor_set(idx, j, (unsigned char)g->text[g->len - (size_t)T + (size_t)j]);
+    bool prev_grad = ts_grad_set_enabled(false), prev_train = g->m->training;
+    ts_model_train(g->m, false);
+    ts_tensor *logits = ts_model_forward(g->m, idx);
+    ts_model_train(g->m, prev_train);
+    ts_grad_set_enabled(prev_grad);
+    ts_tensor_release(idx);
+    if (!logits) return ts_last_status();
+    int vocab = (int)logits->shape[2];
+    float u;
+    ts_rng_uniform_f32(g->key, (uint64_t)g->made, 1, &u);
+    int k = sample(ts_f32(logits) + (T - 1) * vocab, vocab, g->temperature, g->top_k, u);
+    ts_tensor_release(logits);
+    *c = (char)(k ? k : ' '); /* a NUL byte would end the text */
+    g->text[g->len++] = *c;
+    g->text[g->len] = '\0';
+    g->made++;
+    return TS_OK;
+}
+
+ts_status ts_generate(ts_model *m, int64_t block_size, const char *prompt, int n, double temperature, int top_k,
+                      ts_key key, char *out, size_t cap) {
+    size_t plen = strlen(prompt);
+    if (plen + (size_t)n + 1 > cap) return ts_error(TS_ERR_VALUE, "generate: %zu + %d bytes do not fit", plen, n);
+    ts_generator *g = ts_generator_new(m, block_size, prompt, n, temperature, top_k, key);
+    if (!g) return ts_last_status();
+    memcpy(out, prompt, plen + 1);
+    ts_status st = TS_OK;
+    char c;
+    bool done = false;
+    while (!st && !done) {
+        st = ts_generator_next(g, &c, &done);
+        if (!st && !done) {
+            out[plen++] = c;
+            out[plen] = '\0';
+        }
+    }
+    ts_generator_free(g);
+    return st;
+}
