@@ -81,8 +81,8 @@ static ts_comm *ring_comm(const char *endpoint, const char *key, int rank, int s
 }
 
 int main(int argc, char **argv) {
-    int provided, rank, size;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    int rank, size;
+    ts_comm_mpi_init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     const char *sizes = "1,16,64,256", *bind = "127.0.0.1", *only = NULL;

@@ -186,6 +186,13 @@ ts_status ts_comm_mpi_place(void *mpi_comm, int *rank, int *size) {
     return TS_OK;
 }
 
+int ts_comm_mpi_init(int *argc, char ***argv) {
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "ring", 0);
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+    return provided;
+}
+
 const ts_comm_backend ts_comm_mpi_backend = {
     .name = "mpi",
     .open = mpi_open,

@@ -14,6 +14,13 @@
 
 #if TESSERA_WITH_MPI
 extern const ts_comm_backend ts_comm_mpi_backend;
+
+/* MPI_Init_thread for a Tessera process: MPI_THREAD_MULTIPLE (the
+ * communicator's progress thread calls MPI) and, unless the environment
+ * says otherwise, Open MPI's ring algorithm for its non-blocking
+ * all-reduce (the one its default picks for large buffers on 2 ranks runs
+ * at 0.6x of MPI_Allreduce). Returns the thread level MPI provides. */
+int ts_comm_mpi_init(int *argc, char ***argv);
 #endif
 
 /* This process's rank in the MPI_Comm at mpi_comm and its size, for

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "collective/mpi.h"
 #include "ps/ps.h"
 #include "proto/wire.h"
 #include "proto/secure.h"
@@ -73,8 +74,7 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
                         "choose a parallel strategy (standin, ps, ddp)\n", o->job_path);
         return 2;
     }
-    int threads; /* a strategy may call MPI from its communication thread */
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &threads);
+    ts_comm_mpi_init(&argc, &argv);
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);

@@ -10,7 +10,7 @@
 
 int main(int argc, char **argv) {
     int provided = 0, r = 0, n = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    provided = ts_comm_mpi_init(&argc, &argv);
     MPI_Comm world = MPI_COMM_WORLD;
     MPI_Comm_rank(world, &r);
     MPI_Comm_size(world, &n);
