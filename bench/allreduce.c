@@ -8,7 +8,8 @@
  * repetition and the median kept: raw MPI_Allreduce (in place), Tessera's
  * MPI backend, and the ZeroMQ ring over tcp (ports bound at --bind, default
  * 127.0.0.1; on a virtual cluster 0.0.0.0, each port then named by its
- * node's host name) and over ipc.
+ * node's host name) and over ipc, CURVE-secured as in a job, and over tcp
+ * without CURVE (parallel.ring_security "none", for trusted networks).
  * Bus bandwidth is 2(N-1)/N * bytes / time, the figure NCCL's tests print:
  * what each rank's link carries per second. Every result is checked. Rank 0
  * prints one row per size and transport, with the ratio to raw MPI.
@@ -62,11 +63,13 @@ static double time_allreduce(const transport *t, float *buf, int64_t n, int reps
 }
 
 /* A ring communicator whose ports are bound at endpoint (with %d for the
- * rank in ipc paths); endpoints meet through MPI_Allgather. */
-static ts_comm *ring_comm(const char *endpoint, const char *key, int rank, int size, ts_ring_port **port) {
+ * rank in ipc paths), CURVE-secured or not; endpoints meet through
+ * MPI_Allgather. */
+static ts_comm *ring_comm(const char *endpoint, const char *key, bool curve, int rank, int size,
+                          ts_ring_port **port) {
     char ep[256];
     snprintf(ep, sizeof ep, endpoint, rank);
-    *port = ts_ring_port_open(ep, key, "bench");
+    *port = ts_ring_port_open(ep, key, "bench", curve);
     char mine[256] = "", *all = calloc((size_t)size, 256);
     if (*port) snprintf(mine, sizeof mine, "%s", ts_ring_port_endpoint(*port));
     else fprintf(stderr, "rank %d: port %s: %s\n", rank, ep, ts_last_error());
@@ -106,11 +109,13 @@ int main(int argc, char **argv) {
     snprintf(ipc, sizeof ipc, "ipc://%s/port-%%d", dir);
     MPI_Comm world = MPI_COMM_WORLD;
     ts_comm_config mcfg = {.rank = rank, .size = size, .generation = 1, .timeout_ms = 120000, .native = &world};
-    ts_ring_port *ptcp = NULL, *pipc = NULL;
-    transport ts[4] = {{"MPI_Allreduce (raw)", NULL},
+    ts_ring_port *ports[3] = {NULL};
+    enum { NT = 5 };
+    transport ts[NT] = {{"MPI_Allreduce (raw)", NULL},
                        {"tessera mpi backend", ts_comm_create(&ts_comm_mpi_backend, &mcfg)},
-                       {"tessera ring tcp", ring_comm(tcp, key, rank, size, &ptcp)},
-                       {"tessera ring ipc", ring_comm(ipc, key, rank, size, &pipc)}};
+                       {"tessera ring tcp", ring_comm(tcp, key, true, rank, size, &ports[0])},
+                       {"tessera ring ipc", ring_comm(ipc, key, true, rank, size, &ports[1])},
+                       {"ring tcp, no CURVE", ring_comm(tcp, key, false, rank, size, &ports[2])}};
     if (rank == 0) {
         char cpu[256] = "?";
         FILE *f = popen("lscpu | sed -n 's/^Model name: *//p'", "r");
@@ -125,7 +130,7 @@ int main(int argc, char **argv) {
         float *buf = malloc((size_t)n * sizeof *buf);
         int r = reps > 0 ? reps : mib >= 64 ? 5 : 10;
         double raw = 0;
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < NT; k++) {
             if (only && !strstr(ts[k].name, only) && k != 0) continue;
             if (k > 0 && !ts[k].comm) continue;
             double s = time_allreduce(&ts[k], buf, n, r, rank, size);
@@ -138,9 +143,8 @@ int main(int argc, char **argv) {
         p = strchr(p, ',');
         p = p ? p + 1 : "";
     }
-    for (int k = 1; k < 4; k++) ts_comm_free(ts[k].comm);
-    ts_ring_port_close(ptcp);
-    ts_ring_port_close(pipc);
+    for (int k = 1; k < NT; k++) ts_comm_free(ts[k].comm);
+    for (int k = 0; k < 3; k++) ts_ring_port_close(ports[k]);
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 0) {
         unlink(key);

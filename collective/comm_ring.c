@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "kernels/clock.h"
@@ -49,6 +50,7 @@ struct ts_ring_port {
     void *ctx, *in;
     ts_secure_zap *zap;
     ts_secure_keys keys;
+    bool curve; /* sockets CURVE-secured with keys */
     char job[TS_PROTO_JOB_MAX + 1];
     char endpoint[TS_PROTO_ADDR_MAX + 1];
     /* chunks kept for a later operation: the port outlives a generation's
@@ -74,16 +76,17 @@ static void drop_kept(ts_ring_port *p, uint64_t g) {
     }
 }
 
-ts_ring_port *ts_ring_port_open(const char *endpoint, const char *key_file, const char *job) {
+ts_ring_port *ts_ring_port_open(const char *endpoint, const char *key_file, const char *job, bool curve) {
     ts_ring_port *p = calloc(1, sizeof *p);
     if (!p) {
         ts_error(TS_ERR_MEMORY, "ring port: out of memory");
         return NULL;
     }
     snprintf(p->job, sizeof p->job, "%s", job ? job : "");
-    ts_status st = ts_secure_load(key_file ? key_file : getenv("TESSERA_KEY_FILE"), &p->keys);
+    p->curve = curve;
+    ts_status st = curve ? ts_secure_load(key_file ? key_file : getenv("TESSERA_KEY_FILE"), &p->keys) : TS_OK;
     if (!st && !(p->ctx = zmq_ctx_new())) st = ts_error(TS_ERR_IO, "ring port: zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
-    if (!st && !(p->zap = ts_secure_zap_start(p->ctx, &p->keys))) st = ts_last_status();
+    if (!st && curve && !(p->zap = ts_secure_zap_start(p->ctx, &p->keys))) st = ts_last_status();
     if (!st && !(p->in = zmq_socket(p->ctx, ZMQ_PULL)))
         st = ts_error(TS_ERR_IO, "ring port: zmq_socket: %s", zmq_strerror(zmq_errno()));
     if (!st) {
@@ -96,7 +99,7 @@ ts_ring_port *ts_ring_port_open(const char *endpoint, const char *key_file, cons
         zmq_setsockopt(p->in, ZMQ_LINGER, &zero, sizeof zero);
         st = ts_proto_limit_socket(p->in, &lim);
     }
-    if (!st) st = ts_secure_server(p->in, &p->keys);
+    if (!st && curve) st = ts_secure_server(p->in, &p->keys);
     if (!st && zmq_bind(p->in, endpoint) != 0)
         st = ts_error(TS_ERR_IO, "ring port: cannot bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
     char bound[TS_PROTO_ADDR_MAX + 1];
@@ -109,6 +112,19 @@ ts_ring_port *ts_ring_port_open(const char *endpoint, const char *key_file, cons
         return NULL;
     }
     return p;
+}
+
+ts_ring_port *ts_ring_port_for_job(const ts_job *job, const char *key_file, const char *tag) {
+    char ep[TS_JOB_BIND_MAX + 32];
+    if (job->parallel.transport == TS_TRANSPORT_IPC)
+        snprintf(ep, sizeof ep, "ipc:///tmp/tessera-%s-%d-%s.ring", job->name, (int)getpid(), tag);
+    else
+        snprintf(ep, sizeof ep, "tcp://%s:0", job->parallel.bind);
+    bool curve = job->parallel.ring_security == TS_RING_CURVE;
+    if (!curve)
+        fprintf(stderr, "warning: parallel.ring_security \"none\": the workers' collective traffic is neither "
+                        "encrypted nor authenticated; use it only on a trusted network\n");
+    return ts_ring_port_open(ep, key_file, job->name, curve);
 }
 
 const char *ts_ring_port_endpoint(const ts_ring_port *p) { return p->endpoint; }
@@ -166,7 +182,7 @@ static void *out_socket(ts_comm *c, ring *rg, int peer) {
         zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
         zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
         zmq_setsockopt(s, ZMQ_SNDTIMEO, &timeout, sizeof timeout);
-        st = ts_secure_client(s, &p->keys);
+        if (p->curve) st = ts_secure_client(s, &p->keys);
     }
     if (!st && (zmq_socket_monitor(s, mon, ZMQ_EVENT_DISCONNECTED) != 0 || !(m = zmq_socket(p->ctx, ZMQ_PAIR)) ||
                 zmq_connect(m, mon) != 0))

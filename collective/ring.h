@@ -26,6 +26,7 @@
 #define TS_COLLECTIVE_RING_H
 
 #include "collective/comm.h"
+#include "proto/job.h"
 
 /* Elements of one chunk are at most this many bytes. */
 #define TS_RING_CHUNK_BYTES (512u * 1024u)
@@ -33,8 +34,15 @@
 typedef struct ts_ring_port ts_ring_port;
 
 /* Binds a port at endpoint ("tcp://HOST:0" picks a free port, "ipc://PATH")
- * for job, CURVE-secured with the key file (NULL: env TESSERA_KEY_FILE). */
-ts_ring_port *ts_ring_port_open(const char *endpoint, const char *key_file, const char *job);
+ * for job, CURVE-secured with the key file (NULL: env TESSERA_KEY_FILE);
+ * with curve false its traffic is neither encrypted nor authenticated (a
+ * trusted network's choice) and no key is read. */
+ts_ring_port *ts_ring_port_open(const char *endpoint, const char *key_file, const char *job, bool curve);
+
+/* The port of a worker of job: tcp on parallel.bind (a free port) or, with
+ * parallel.transport "ipc", a path of this process's named by tag; secured
+ * as parallel.ring_security says (a warning on stderr when not). */
+ts_ring_port *ts_ring_port_for_job(const ts_job *job, const char *key_file, const char *tag);
 
 /* The endpoint peers connect to: the port actually bound, with this
  * host's name for a wildcard address. */

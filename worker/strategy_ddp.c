@@ -365,15 +365,6 @@ static const ts_strategy_ops ddp_ops = {
     .free = ddp_free,
 };
 
-/* The endpoint this worker's port binds: tcp on parallel.bind (any free
- * port), or an ipc path of its own. */
-static void port_endpoint(const ts_job *job, char *ep, size_t cap) {
-    if (job->parallel.transport == TS_TRANSPORT_IPC)
-        snprintf(ep, cap, "ipc:///tmp/tessera-%s-%d.ring", job->name, (int)getpid());
-    else
-        snprintf(ep, cap, "tcp://%s:0", job->parallel.bind);
-}
-
 ts_strategy *ts_strategy_ddp_new(const ts_strategy_options *o) {
     ddp_strategy *d = calloc(1, sizeof *d);
     if (!d) {
@@ -386,9 +377,7 @@ ts_strategy *ts_strategy_ddp_new(const ts_strategy_options *o) {
     d->base.group = (ts_group){.rank = 0, .world = o->job->parallel.workers};
     d->mpi_comm = o->mpi_comm;
     if (!d->mpi_comm) {
-        char ep[300];
-        port_endpoint(o->job, ep, sizeof ep);
-        if (!(d->port = ts_ring_port_open(ep, o->key_file, o->job->name))) {
+        if (!(d->port = ts_ring_port_for_job(o->job, o->key_file, "ddp"))) {
             free(d);
             return NULL;
         }

@@ -783,17 +783,6 @@ static const ts_strategy_ops pipe_ops = {
     .free = pipe_free,
 };
 
-/* Opens a ring port on the job's transport ("tcp" on parallel.bind, any free
- * port; "ipc" a path of this process's, tagged). */
-static ts_ring_port *open_port(const ts_job *job, const char *key_file, const char *tag) {
-    char ep[400];
-    if (job->parallel.transport == TS_TRANSPORT_IPC)
-        snprintf(ep, sizeof ep, "ipc:///tmp/tessera-%s-%d-%s.ring", job->name, (int)getpid(), tag);
-    else
-        snprintf(ep, sizeof ep, "tcp://%s:0", job->parallel.bind);
-    return ts_ring_port_open(ep, key_file, job->name);
-}
-
 ts_strategy *ts_strategy_pipeline_new(const ts_strategy_options *o) {
     if (o->mpi_comm) {
         ts_error(TS_ERR_UNSUPPORTED, "strategy pipeline: not under mpirun yet; run it with tessera-run");
@@ -813,8 +802,8 @@ ts_strategy *ts_strategy_pipeline_new(const ts_strategy_options *o) {
     p->M = jp->micro_batches;
     p->tied = -1;
     p->at_micro = -1;
-    if (!(p->pipe_port = open_port(o->job, o->key_file, "pipe")) ||
-        (p->D > 1 && !(p->dp_port = open_port(o->job, o->key_file, "dp")))) {
+    if (!(p->pipe_port = ts_ring_port_for_job(o->job, o->key_file, "pipe")) ||
+        (p->D > 1 && !(p->dp_port = ts_ring_port_for_job(o->job, o->key_file, "dp")))) {
         pipe_free(&p->base);
         return NULL;
     }

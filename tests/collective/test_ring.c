@@ -30,7 +30,7 @@ static ts_comm *join_ring(int r, int n, const char *transport, ts_ring_port **po
     char ep[512], path[512];
     if (strcmp(transport, "ipc") == 0) snprintf(ep, sizeof ep, "ipc://%s/port-%d", dir, r);
     else snprintf(ep, sizeof ep, "tcp://127.0.0.1:0");
-    *port = ts_ring_port_open(ep, key, "ringtest");
+    *port = ts_ring_port_open(ep, key, "ringtest", strcmp(transport, "tcp-plain") != 0);
     CHECK(*port, "rank %d: port: %s", r, ts_last_error());
     snprintf(path, sizeof path, "%s/ep-%d-%d.tmp", dir, n, r);
     FILE *f = fopen(path, "w");
@@ -110,6 +110,8 @@ static void small_body(int r, int n, const char *transport) {
 }
 
 static void test_eight(void **state) { (void)state; run_ranks(8, small_body, "tcp"); }
+/* parallel.ring_security "none": the same ring without CURVE */
+static void test_three_plain(void **state) { (void)state; run_ranks(3, small_body, "tcp-plain"); }
 
 /* Rank 2 of 4 exits in the middle of a large allreduce: every other rank
  * fails within the timeout with a message naming a rank and the step. */
@@ -238,7 +240,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two),   cmocka_unit_test(test_three), cmocka_unit_test(test_four_ipc),
         cmocka_unit_test(test_eight), cmocka_unit_test(test_death), cmocka_unit_test(test_next_generation),
-        cmocka_unit_test(test_growing_world),
+        cmocka_unit_test(test_growing_world), cmocka_unit_test(test_three_plain),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);
