@@ -198,6 +198,13 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
         unlink(key_path);
         rmdir(dir);
     }
+    if (code != 0) {
+        /* the job cannot go on without this node, and a collective it gave
+         * up on may still be in flight (MPI cannot cancel one): end every
+         * rank now rather than finalise around it */
+        fprintf(stderr, "tessera-run --mpi: rank %d failed (exit %d): aborting the MPI job\n", rank, code);
+        MPI_Abort(MPI_COMM_WORLD, code);
+    }
     MPI_Comm_free(&group);
     MPI_Finalize();
     return code;
