@@ -61,6 +61,7 @@ static int size_class(size_t n, size_t *block) {
 typedef struct lblock {
     char *ptr;
     size_t size;
+    size_t released; /* bytes of its pages given back by ts_alloc_decommit */
     bool free;
     struct lblock *prev, *next; /* neighbours in the segment, by address */
 } lblock;
@@ -130,8 +131,8 @@ static void merge_into(lblock *a, lblock *b) {
     free(b);
 }
 
-/* Returns ptr to the pool, merging it with free neighbours; its block size
- * in *freed (0 if ptr is not a large block). Caller holds the lock. */
+/* Returns ptr to the pool, merging it with free neighbours; the bytes it
+ * counted in *freed (0 if ptr is not a large block). Caller holds the lock. */
 static void large_free(void *ptr, size_t *freed) {
     *freed = 0;
     for (segment *s = segments; s; s = s->next) {
@@ -139,7 +140,8 @@ static void large_free(void *ptr, size_t *freed) {
         lblock *b = s->first;
         while (b && b->ptr != (char *)ptr) b = b->next;
         if (!b || b->free) return;
-        *freed = b->size;
+        *freed = b->size - b->released; /* released pages no longer count */
+        b->released = 0;
         b->free = true;
         if (b->next && b->next->free) merge_into(b, b->next);
         if (b->prev && b->prev->free) merge_into(b->prev, b);
@@ -234,6 +236,54 @@ void ts_free(void *ptr, size_t nbytes) {
     b->next = free_lists[c];
     free_lists[c] = b;
     stats.allocated -= block;
+    pthread_mutex_unlock(&lock);
+}
+
+/* The live large block holding address p, or NULL. Caller holds the lock. */
+static lblock *live_block_at(const char *p) {
+    for (segment *s = segments; s; s = s->next) {
+        if (p < s->base || p >= s->base + s->size) continue;
+        for (lblock *b = s->first; b; b = b->next)
+            if (p >= b->ptr && p < b->ptr + b->size) return b->free ? NULL : b;
+    }
+    return NULL;
+}
+
+/* The whole pages inside [ptr, ptr + nbytes) of a live large block:
+ * their start in *first and their bytes (0: none). Caller holds the lock. */
+static size_t whole_pages(void *ptr, size_t nbytes, char **first, lblock **block) {
+    uintptr_t lo = ((uintptr_t)ptr + LARGE_ROUND - 1) / LARGE_ROUND * LARGE_ROUND;
+    uintptr_t hi = ((uintptr_t)ptr + nbytes) / LARGE_ROUND * LARGE_ROUND;
+    *block = nbytes ? live_block_at(ptr) : NULL;
+    if (!*block || hi <= lo || (char *)hi > (*block)->ptr + (*block)->size) return 0;
+    *first = (char *)lo;
+    return hi - lo;
+}
+
+size_t ts_alloc_decommit(void *ptr, size_t nbytes) {
+    char *first;
+    lblock *b;
+    pthread_mutex_lock(&lock);
+    size_t n = whole_pages(ptr, nbytes, &first, &b);
+    if (n && madvise(first, n, MADV_DONTNEED) == 0) {
+        b->released += n;
+        stats.allocated -= n;
+    } else {
+        n = 0;
+    }
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+void ts_alloc_recommit(void *ptr, size_t nbytes) {
+    char *first;
+    lblock *b;
+    pthread_mutex_lock(&lock);
+    size_t n = whole_pages(ptr, nbytes, &first, &b);
+    if (n && n <= b->released) {
+        b->released -= n;
+        count_alloc(n);
+    }
     pthread_mutex_unlock(&lock);
 }
 

@@ -38,6 +38,20 @@ ts_alloc_stats ts_alloc_get_stats(void);
 /* Sets the peak to the current allocated bytes. */
 void ts_alloc_reset_peak(void);
 
+/* Gives the physical pages wholly inside [ptr, ptr + nbytes) of a live
+ * large block (from ts_alloc) back to the system: they read as zeros when
+ * next touched, and no longer count as allocated, as CUDA's virtual memory
+ * unmaps pages under a reserved range (FSDP releases a gathered unit this
+ * way; the views over it stay valid). Returns the bytes given back (0 for
+ * a range without a whole page, or not in a large block). The caller gives
+ * a range back once, then counts it again with ts_alloc_recommit before it
+ * writes it; freeing the block settles what is still given back. */
+size_t ts_alloc_decommit(void *ptr, size_t nbytes);
+
+/* Counts the pages of a range given back by ts_alloc_decommit as allocated
+ * again (they read as zeros until written). */
+void ts_alloc_recommit(void *ptr, size_t nbytes);
+
 /* Returns cached memory to the system: small blocks and wholly free
  * segments are freed, the pages of free blocks inside used segments
  * released (madvise MADV_DONTNEED). */

@@ -64,7 +64,8 @@ void ts_metrics_banner(const ts_trainer *t) {
         shape[1] = t->spec.widths[0];
         nd = 2;
     }
-    ts_model_summary((ts_model *)m, stdout, dt, nd, shape);
+    /* a shared forward would wait for the other ranks' parameters */
+    if (!t->strategy->shared_forward) ts_model_summary((ts_model *)m, stdout, dt, nd, shape);
     if (t->step) printf("resumed at step %lld\n", (long long)t->step);
     fflush(stdout);
 }

@@ -15,7 +15,8 @@
  * lines of later steps a stopped run wrote (they are run again). */
 FILE *ts_metrics_open(const char *run_dir, int64_t resumed_step);
 
-/* The run's header: job, model summary, data, steps. */
+/* The run's header: job, model summary (not with a shared forward), data,
+ * steps. */
 void ts_metrics_banner(const ts_trainer *t);
 
 /* One step: the INFO line, the progress bar, the JSON line. */

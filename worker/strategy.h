@@ -35,6 +35,15 @@
  *                  where it has not (a pipeline stage before the last)
  *     save, load   what this process holds, in a checkpoint folder
  *
+ * A strategy that acts around each unit's forward and backward (FSDP
+ * gathers a unit's parameters before it runs) hooks the units, the
+ * children of t->model->root, with module hooks (kernels/nn/module.h) in
+ * attach. When those hooks communicate it sets shared_forward: then every
+ * rank of the group runs the same forwards, so the trainer's evaluation
+ * gives each rank as many forwards (a rank past the last batch runs one it
+ * does not score) and no forward runs on one rank alone (the leader's
+ * model summary is left out).
+ *
  * A strategy fills every hook; the local ones (strategy_local.c) are the
  * building blocks the others reuse. Hooks return ts_status with a message
  * naming the peer, step or range that failed.
@@ -102,6 +111,8 @@ struct ts_strategy {
                           * before ts_trainer_attach); NULL in a local run */
     ts_trainer *trainer; /* set by ts_trainer_create before any hook */
     ts_comm_times times; /* the step's, zeroed by the trainer before begin_step */
+    bool shared_forward; /* the model's forward communicates: the group's
+                          * ranks run forwards together (see above) */
 };
 
 /* What a node needs to make its strategy. */

@@ -444,14 +444,31 @@ ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval
     int64_t correct = 0, rows = 0, samples = 0;
     ts_status st = TS_OK;
     /* the group's ranks take turns by batch, so together they score each
-     * sample once, in the same batches as one process would */
+     * sample once, in the same batches as one process would; with a shared
+     * forward every rank runs one per round, a rank past the last batch on
+     * the round's first, unscored */
     const ts_group *g = &t->strategy->group;
-    for (int64_t i = 0; !st && i < batches; i++) {
-        ts_batch b;
-        st = ts_loader_next(l, &b);
-        if (!st && i % g->world == g->rank) st = eval_batch(t, &b, &loss_sum, &correct, &rows, &samples);
-        if (!st) ts_batch_release(&b);
+    int64_t rounds = (batches + g->world - 1) / g->world;
+    ts_batch head = {0};
+    for (int64_t i = 0; !st && i < rounds * g->world; i++) {
+        ts_batch b = {0};
+        if (i < batches) st = ts_loader_next(l, &b);
+        bool mine = i % g->world == g->rank;
+        if (!st && mine && i < batches) {
+            st = eval_batch(t, &b, &loss_sum, &correct, &rows, &samples);
+        } else if (!st && mine && t->strategy->shared_forward) {
+            double ignored = 0;
+            int64_t none = 0;
+            st = eval_batch(t, &head, &ignored, &none, &none, &none);
+        }
+        if (i % g->world == 0 && i < batches && !st) {
+            ts_batch_release(&head);
+            head = b;
+        } else {
+            ts_batch_release(&b);
+        }
     }
+    ts_batch_release(&head);
     ts_model_train(t->model, true);
     ts_grad_set_enabled(prev);
     ts_loader_free(l);

@@ -204,9 +204,26 @@ ts_status ts_model_sync_compute(ts_model *m) {
     return ts_mixed_to_bf16(ts_f32(m->flat_params), ts_tensor_data(m->flat_params16), m->numel);
 }
 
+/* Detached gradients: adds scale * each parameter's bf16 gradient into its
+ * f32 one (made zeroed when missing) and releases the bf16 one. */
+static ts_status fold_detached(ts_model *m, float scale) {
+    for (int i = 0; i < m->n_params; i++) {
+        ts_param *p = &m->params[i];
+        ts_tensor *g16 = p->value16 ? p->value16->grad : NULL;
+        if (!g16) continue;
+        if (!p->value->grad && !(p->value->grad = ts_tensor_zeros(TS_F32, p->ndim, p->shape))) return ts_last_status();
+        ts_status st = ts_mixed_accumulate(ts_f32(p->value->grad), ts_tensor_data(g16), TS_BF16, p->numel, scale);
+        if (st) return st;
+        ts_tensor_release(g16);
+        p->value16->grad = NULL;
+    }
+    return TS_OK;
+}
+
 ts_status ts_model_fold_compute_grads(ts_model *m, float scale) {
     if (m->compute_dtype != TS_BF16) return TS_OK;
     release_cached(m); /* their graphs were used by the backward */
+    if (m->grads_detached) return fold_detached(m, scale);
     ts_status st = ts_mixed_accumulate(ts_f32(m->flat_grads), ts_tensor_data(m->flat_grads16), TS_BF16, m->numel, scale);
     if (!st) memset(ts_tensor_data(m->flat_grads16), 0, ts_tensor_nbytes(m->flat_grads16));
     return st;
@@ -256,10 +273,33 @@ int ts_model_find(const ts_model *m, const char *name) {
     return -1;
 }
 
+/* Releases every parameter's own gradients (detached gradients). */
+static void release_leaf_grads(ts_model *m) {
+    for (int i = 0; i < m->n_params; i++) {
+        ts_param *p = &m->params[i];
+        ts_tensor_release(p->value->grad);
+        p->value->grad = NULL;
+        if (p->value16) {
+            ts_tensor_release(p->value16->grad);
+            p->value16->grad = NULL;
+        }
+    }
+}
+
 void ts_model_zero_grad(ts_model *m) {
+    if (m->grads_detached) {
+        release_leaf_grads(m);
+        return;
+    }
     if (m->flat_grads) memset(ts_tensor_data(m->flat_grads), 0, ts_tensor_nbytes(m->flat_grads));
     if (m->flat_grads16) memset(ts_tensor_data(m->flat_grads16), 0, ts_tensor_nbytes(m->flat_grads16));
 }
+
+void ts_model_detach_grads(ts_model *m) {
+    m->grads_detached = true;
+    release_leaf_grads(m);
+}
+
 
 ts_status ts_model_alloc_state(ts_model *m, int k) {
     free(m->state);

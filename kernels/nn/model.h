@@ -86,6 +86,8 @@ typedef struct ts_model {
     bool finalized;
     bool training;
     ts_key dropout_key;     /* set per step by the training loop */
+    bool grads_detached;    /* each parameter has a gradient of its own
+                             * (ts_model_detach_grads), not a flat-buffer view */
     ts_module *root;        /* owned */
     int n_modules;          /* modules created so far (their index) */
 } ts_model;
@@ -145,8 +147,20 @@ ts_status ts_model_fold_compute_grads(ts_model *m, float scale);
 /* Index of the parameter called name, or -1 with an error naming it. */
 int ts_model_find(const ts_model *m, const char *name);
 
-/* Zeros the whole gradient buffer (and the bf16 one with bf16 compute). */
+/* Zeros the whole gradient buffer (and the bf16 one with bf16 compute);
+ * with detached gradients releases every parameter's gradient. */
 void ts_model_zero_grad(ts_model *m);
+
+/* Detaches the parameters' gradients from the flat gradient buffers, for a
+ * strategy that shards them (FSDP): from now on backward gives each
+ * parameter's leaf a gradient of its own at its first contribution (NULL
+ * before), which the strategy takes once backward finished it (it
+ * reduce-scatters and releases it); ts_model_zero_grad releases them all.
+ * The flat gradient buffers stay allocated but are no longer written (the
+ * strategy may give their pages back, ts_alloc_decommit). With bf16
+ * compute ts_model_fold_compute_grads adds each parameter's bf16 gradient
+ * into its f32 one (made when missing) and releases the bf16 one. */
+void ts_model_detach_grads(ts_model *m);
 
 /* Allocates (zeroed) k floats of optimizer state per parameter element. */
 ts_status ts_model_alloc_state(ts_model *m, int k);

@@ -81,6 +81,35 @@ static void test_allocator_stats(void **state) {
     assert_true(ts_alloc_get_stats().reserved < s2.reserved);
 }
 
+/* Pages given back inside a live block stop counting and read as zeros;
+ * counted again, they can be written; freeing the block settles it. */
+static void test_allocator_decommit(void **state) {
+    (void)state;
+    size_t bytes = 1 << 20;
+    size_t a0 = ts_alloc_get_stats().allocated;
+    char *p = ts_alloc(bytes);
+    assert_non_null(p);
+    memset(p, 5, bytes);
+    size_t a1 = ts_alloc_get_stats().allocated;
+    /* a range that starts and ends inside pages: only its whole pages go */
+    size_t n = ts_alloc_decommit(p + 100, bytes - 200);
+    assert_int_equal(n, bytes - 2 * 4096);
+    assert_int_equal(ts_alloc_get_stats().allocated, a1 - n);
+    assert_int_equal(p[99], 5);
+    assert_int_equal(p[4096], 0);
+    assert_int_equal(p[bytes - 4097], 0);
+    assert_int_equal(p[bytes - 1], 5);
+    assert_int_equal(ts_alloc_decommit(p + 10, 100), 0); /* no whole page */
+    ts_alloc_reset_peak();
+    ts_alloc_recommit(p + 100, bytes - 200);
+    assert_int_equal(ts_alloc_get_stats().allocated, a1);
+    assert_int_equal(ts_alloc_get_stats().peak, a1);
+    memset(p, 6, bytes);
+    assert_int_equal(ts_alloc_decommit(p, bytes), bytes);
+    ts_free(p, bytes);
+    assert_int_equal(ts_alloc_get_stats().allocated, a0);
+}
+
 /* Large blocks: two freed neighbours serve one request of their joint size
  * without new memory; random sizes never overlap; empty_cache returns
  * everything. */
@@ -237,6 +266,7 @@ int main(void) {
         cmocka_unit_test(test_keys_are_reproducible),
         cmocka_unit_test(test_allocator_stats),
         cmocka_unit_test(test_allocator_large_pool),
+        cmocka_unit_test(test_allocator_decommit),
         cmocka_unit_test(test_views_share_storage),
         cmocka_unit_test(test_gradcheck_views),
         cmocka_unit_test(test_backward_errors_and_accumulation),

@@ -7,7 +7,9 @@
  * bf16-rounded weights (also with activation checkpointing); (3) 50 AdamW
  * steps of an MLP with bf16 compute track the f32 run's losses; (4) k
  * micro-batches folded with scale 1/k equal one big batch; (5) bad compute
- * dtypes and orders are errors naming what was wrong. */
+ * dtypes and orders are errors naming what was wrong; (6) detached
+ * gradients (each parameter its own, as FSDP takes them) equal the flat
+ * buffer's, f32 and bf16, over micro-batches, and zero_grad releases them. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -276,6 +278,37 @@ static void test_micro_batches(void **state) {
 }
 
 /* (5) */
+/* (6) */
+static void check_detached(mixed_case *c, ts_dtype compute) {
+    ts_model *flat = build(c, compute), *own = build(c, compute);
+    ts_model_detach_grads(own);
+    for (int i = 0; i < own->n_params; i++) assert_null(own->params[i].value->grad);
+    double lf = accumulate(flat, c, 2, 0.5f, 1.0f), lo = accumulate(own, c, 2, 0.5f, 1.0f);
+    assert_true(lf == lo);
+    const float *g = ts_f32(flat->flat_grads);
+    for (int i = 0; i < own->n_params; i++) {
+        const ts_param *p = &own->params[i];
+        assert_non_null(p->value->grad);
+        if (p->value16) assert_null(p->value16->grad); /* folded and released */
+        assert_true(max_diff(ts_f32(p->value->grad), g + p->offset, p->numel) == 0.0f);
+    }
+    /* nothing was written into the flat buffer */
+    assert_true(max_abs(ts_f32(own->flat_grads), own->numel) == 0.0f);
+    ts_model_zero_grad(own);
+    for (int i = 0; i < own->n_params; i++) assert_null(own->params[i].value->grad);
+    ts_model_free(flat);
+    ts_model_free(own);
+}
+
+static void test_detached_gradients(void **state) {
+    (void)state;
+    mixed_case c = gpt_case(false);
+    make_data(&c);
+    check_detached(&c, TS_F32);
+    check_detached(&c, TS_BF16);
+    free_data(&c);
+}
+
 static void test_errors(void **state) {
     (void)state;
     mixed_case c = mlp_case(6);
@@ -307,6 +340,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_copy),     cmocka_unit_test(test_mlp_gradients), cmocka_unit_test(test_gpt_gradients),
         cmocka_unit_test(test_cnn_gradients),
         cmocka_unit_test(test_adamw_tracks_f32), cmocka_unit_test(test_micro_batches), cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_detached_gradients),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
