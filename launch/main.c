@@ -37,6 +37,9 @@ static const char usage[] =
     "      test loss and accuracy (or bits per byte) of a checkpoint, or of\n"
     "      weights trained elsewhere for the job's model (--set model.init_map=MAP\n"
     "      for foreign names, e.g. examples/maps/gpt2_hf.json)\n"
+    "  tessera-run --consolidate CHECKPOINT_DIR [--out DIR]\n"
+    "      one whole checkpoint DIR/step-K (default: CHECKPOINT_DIR's folder's\n"
+    "      consolidated/) from the shards of an fsdp run or a pipeline's stages\n"
     "  tessera-run --generate CHECKPOINT_DIR | WEIGHTS JOB.json --prompt TEXT\n"
     "      [--tokens N] [--temperature T] [--top-k K] [--seed S]   sample text from a GPT\n"
     "  tessera-run --export-onnx CHECKPOINT_DIR | WEIGHTS JOB.json -o MODEL.onnx\n"
@@ -48,8 +51,9 @@ static const char usage[] =
 
 /* Parsed command line. */
 typedef struct {
-    enum { MODE_RUN, MODE_JOIN, MODE_STATUS, MODE_MPI, MODE_EVAL, MODE_GENERATE, MODE_EXPORT, MODE_PLOT, MODE_ENV } mode;
-    const char *checkpoint; /* --eval / --generate / --export-onnx */
+    enum { MODE_RUN, MODE_JOIN, MODE_STATUS, MODE_MPI, MODE_EVAL, MODE_CONSOLIDATE, MODE_GENERATE, MODE_EXPORT, MODE_PLOT, MODE_ENV } mode;
+    const char *checkpoint; /* --eval / --consolidate / --generate / --export-onnx */
+    const char *out;        /* --consolidate --out */
     const char *output;     /* --export-onnx -o */
     const char *prompt;
     int tokens, top_k;
@@ -111,6 +115,11 @@ static int parse_cli(int argc, char **argv, cli *c) {
         } else if ((v = flag_value(argc, argv, &i, "--eval"))) {
             c->mode = MODE_EVAL;
             c->checkpoint = v;
+        } else if ((v = flag_value(argc, argv, &i, "--consolidate"))) {
+            c->mode = MODE_CONSOLIDATE;
+            c->checkpoint = v;
+        } else if ((v = flag_value(argc, argv, &i, "--out"))) {
+            c->out = v;
         } else if ((v = flag_value(argc, argv, &i, "--generate"))) {
             c->mode = MODE_GENERATE;
             c->checkpoint = v;
@@ -242,6 +251,14 @@ int main(int argc, char **argv) {
         code = ts_launch_env();
     } else if (c.mode == MODE_EVAL) {
         code = ts_launch_eval(&(ts_launch_source){c.checkpoint, c.job_path, (const char *const *)c.sets, c.nsets});
+    } else if (c.mode == MODE_CONSOLIDATE) {
+        /* by default beside the checkpoint: <its folder>/consolidated */
+        char out[4200];
+        snprintf(out, sizeof out, "%s", c.out ? c.out : c.checkpoint);
+        char *slash = strrchr(out, '/');
+        if (!c.out && slash && slash[1]) snprintf(slash + 1, sizeof out - (size_t)(slash + 1 - out), "consolidated");
+        else if (!c.out) snprintf(out, sizeof out, "consolidated");
+        code = ts_launch_consolidate(c.checkpoint, out);
     } else if (c.mode == MODE_GENERATE) {
         code = ts_launch_generate(&(ts_launch_source){c.checkpoint, c.job_path, (const char *const *)c.sets, c.nsets},
                                   c.prompt, c.tokens, c.temperature, c.top_k, c.seed);

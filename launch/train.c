@@ -91,6 +91,20 @@ int ts_launch_eval(const ts_launch_source *src) {
     return 0;
 }
 
+int ts_launch_consolidate(const char *ckpt, const char *out) {
+    ts_trainer *t = trainer_from_checkpoint(ckpt);
+    char path[1200] = "";
+    if (!t || ts_strategy_save_whole_in(t->strategy, out, 0, path, sizeof path)) {
+        fprintf(stderr, "tessera-run --consolidate: %s\n", ts_last_error());
+        ts_trainer_free(t);
+        return 1;
+    }
+    printf("%s: step %lld, %lld parameters in one checkpoint: %s\n", ckpt, (long long)t->step,
+           (long long)t->model->numel, path);
+    ts_trainer_free(t);
+    return 0;
+}
+
 int ts_launch_generate(const ts_launch_source *src, const char *prompt, int n, double temperature, int top_k,
                        uint64_t seed) {
     const char *ckpt = src->path;

@@ -31,6 +31,11 @@ typedef struct {
  * split when the data has no test split). */
 int ts_launch_eval(const ts_launch_source *src);
 
+/* Writes checkpoint ckpt - whole, or in parts (an FSDP run's shards, a
+ * pipeline's stages) - as one whole checkpoint out/step-<k>, whose
+ * model.safetensors holds every weight under its PyTorch-style name. */
+int ts_launch_consolidate(const char *ckpt, const char *out);
+
 /* Prints prompt + n bytes sampled from the GPT of src. */
 int ts_launch_generate(const ts_launch_source *src, const char *prompt, int n, double temperature, int top_k,
                        uint64_t seed);

@@ -44,12 +44,14 @@ typedef struct field {
     const struct field *children;  /* FIELD_SECTION, {0}-terminated */
 } field;
 
-static const char *const strategy_names[] = {"local", "standin", "ps", "ddp", "pipeline", NULL};
+static const char *const strategy_names[] = {"local", "standin", "ps", "ddp", "pipeline", "fsdp", NULL};
 static const char *const consistency_names[] = {"sync", "async", "bounded", NULL};
 static const char *const wire_dtype_names[] = {"f32", "bf16", NULL};
 static const char *const transport_names[] = {"tcp", "ipc", NULL};
 static const char *const ring_security_names[] = {"curve", "none", NULL};
 static const char *const pipe_schedule_names[] = {"1f1b", "gpipe", NULL};
+static const char *const fsdp_mode_names[] = {"full", "grad_op", "no_shard", NULL};
+static const char *const fsdp_unit_names[] = {"block", "model", NULL};
 
 static const char name_charset[] =
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-";
@@ -100,6 +102,8 @@ static const field parallel_fields[] = {
     ENUM_FIELD("schedule", parallel.schedule, "\"1f1b\"", pipe_schedule_names),
     INT_FIELD("data_parallel", parallel.data_parallel, "1", 1, 1024),
     BOOL_FIELD("timeline", parallel.timeline, "false"),
+    ENUM_FIELD("fsdp_mode", parallel.fsdp_mode, "\"full\"", fsdp_mode_names),
+    ENUM_FIELD("fsdp_unit", parallel.fsdp_unit, "\"block\"", fsdp_unit_names),
     {0},
 };
 

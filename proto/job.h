@@ -28,6 +28,7 @@ typedef enum {
     TS_STRATEGY_PS,        /* parameter servers: workers push and pull (issue 13) */
     TS_STRATEGY_DDP,       /* all-reduce data parallelism (issue 14) */
     TS_STRATEGY_PIPELINE,  /* the model cut by layers into stages (issue 16) */
+    TS_STRATEGY_FSDP,      /* fully-sharded data parallelism (issue 15) */
 } ts_job_strategy;
 
 /* When a parameter server applies pushed gradients (parallel.consistency). */
@@ -42,6 +43,14 @@ typedef enum { TS_WIRE_F32, TS_WIRE_BF16 } ts_job_wire_dtype;
 
 /* The order of a pipeline stage's micro-batches (parallel.schedule). */
 typedef enum { TS_PIPE_1F1B, TS_PIPE_GPIPE } ts_job_pipe_schedule;
+/* What FSDP shards (parallel.fsdp_mode): parameters, gradients and
+ * optimizer state (ZeRO-3); gradients and optimizer state (ZeRO-2); nothing
+ * (gradients all-reduced, as DDP). */
+typedef enum { TS_FSDP_FULL, TS_FSDP_GRAD_OP, TS_FSDP_NO_SHARD } ts_job_fsdp_mode;
+
+/* FSDP units (parallel.fsdp_unit): each unit of the model (a GPT block, the
+ * embedding, the head; an MLP or CNN layer) alone, or the whole model as one. */
+typedef enum { TS_FSDP_UNIT_BLOCK, TS_FSDP_UNIT_MODEL } ts_job_fsdp_unit;
 
 /* How workers of one host reach each other (parallel.transport). */
 typedef enum { TS_TRANSPORT_TCP, TS_TRANSPORT_IPC } ts_job_transport;
@@ -73,7 +82,7 @@ typedef struct {
     ts_job_consistency consistency; /* strategy "ps" */
     int staleness;            /* bounded: steps a worker may run ahead */
     int ps_replicas;          /* processes per shard: 1, or 2 (primary + backup) */
-    ts_job_wire_dtype wire_dtype; /* gradients on the wire (ps, ddp) */
+    ts_job_wire_dtype wire_dtype; /* gradients on the wire (ps, ddp, fsdp) */
     char bind[TS_JOB_BIND_MAX];         /* host/interface to bind */
     char key_file[TS_JOB_PATH_MAX];     /* "" = tessera-run generates one */
     ts_job_ints placement;    /* virtual-cluster node of the scheduler, each ps,
@@ -88,6 +97,8 @@ typedef struct {
     ts_job_pipe_schedule schedule; /* pipeline: 1f1b or gpipe */
     int data_parallel;        /* pipeline: D copies of the pipeline */
     int timeline;             /* pipeline: each stage writes its busy intervals */
+    ts_job_fsdp_mode fsdp_mode;         /* fsdp: what is sharded */
+    ts_job_fsdp_unit fsdp_unit;         /* fsdp: the units gathered at once */
 } ts_job_parallel;
 
 /* Strategy "standin" (worker/strategy_standin.c): workers train their own

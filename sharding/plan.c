@@ -71,3 +71,12 @@ ts_status ts_plan_stages(const double *costs, int units, int stages, int *first)
         return ts_error(TS_ERR_STATE, "plan: no cut of %d units into %d stages found", units, stages);
     return TS_OK;
 }
+
+int64_t ts_plan_shard_len(int64_t len, int shards) { return (len + shards - 1) / shards; }
+
+ts_range ts_plan_shard_range(int64_t len, int shards, int r) {
+    int64_t n = ts_plan_shard_len(len, shards), lo = r * n, hi = lo + n;
+    if (lo > len) lo = len;
+    if (hi > len) hi = len;
+    return (ts_range){lo, hi - lo};
+}

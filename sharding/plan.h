@@ -26,6 +26,14 @@ ts_status ts_plan_ranges(int64_t n, int parts, int64_t align, ts_range *out);
  * holds element i, or -1 when i is outside [0, n). */
 int ts_plan_owner(const ts_range *plan, int parts, int64_t i);
 
+/* FSDP shards: a unit of len elements is padded to a multiple of shards
+ * and cut into shards equal pieces of ts_plan_shard_len elements; shard r
+ * holds the unit's elements [r * shard_len, (r + 1) * shard_len), of which
+ * ts_plan_shard_range gives the real ones (offset relative to the unit;
+ * the last shards may be short or empty). shards >= 1. */
+int64_t ts_plan_shard_len(int64_t len, int shards);
+ts_range ts_plan_shard_range(int64_t len, int shards, int r);
+
 /* Cuts units with the given costs (>= 0) into stages contiguous runs that
  * minimise the largest run's total cost; first[s] is the first unit of
  * stage s (first[0] = 0). Every stage gets at least one unit, so stages <=

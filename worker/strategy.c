@@ -17,6 +17,7 @@ static const struct {
     [TS_STRATEGY_PS] = {ts_strategy_ps_new, true},
     [TS_STRATEGY_DDP] = {ts_strategy_ddp_new, true},
     [TS_STRATEGY_PIPELINE] = {ts_strategy_pipeline_new, true},
+    [TS_STRATEGY_FSDP] = {ts_strategy_fsdp_new, true},
 };
 
 enum { N_STRATEGIES = sizeof strategies / sizeof strategies[0] };

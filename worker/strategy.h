@@ -137,6 +137,7 @@ ts_strategy *ts_strategy_standin_new(const ts_strategy_options *o);
 ts_strategy *ts_strategy_ps_new(const ts_strategy_options *o);
 ts_strategy *ts_strategy_ddp_new(const ts_strategy_options *o);
 ts_strategy *ts_strategy_pipeline_new(const ts_strategy_options *o);
+ts_strategy *ts_strategy_fsdp_new(const ts_strategy_options *o);
 
 /* For cluster strategies: takes the generation the scheduler announced
  * since the last call (the first call: the join's) and returns whether
@@ -163,8 +164,13 @@ void ts_strategy_whole_model(ts_strategy *s, const ts_optim_slice **slices, int 
 
 /* Saves / loads the whole model, optimizer state, loader position and job
  * as one checkpoint in the run folder (the trainer's files); load also
- * takes a pipeline's checkpoint of stages (checkpoint_parts.h). */
+ * takes a pipeline's checkpoint of stages (checkpoint_parts.h) and an
+ * FSDP checkpoint of shards written at any world size (fsdp_checkpoint.h). */
 ts_status ts_strategy_save_whole(ts_strategy *s, char *path, size_t cap);
+
+/* ts_strategy_save_whole into the checkpoints folder root (step-<k> in it),
+ * keeping the newest keep (0: all). */
+ts_status ts_strategy_save_whole_in(ts_strategy *s, const char *root, int keep, char *path, size_t cap);
 ts_status ts_strategy_load_whole(ts_strategy *s, const char *dir);
 
 #endif

@@ -6,10 +6,12 @@
  */
 #include "worker/strategy.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "kernels/io/checkpoint.h"
 #include "worker/checkpoint_parts.h"
+#include "worker/fsdp_checkpoint.h"
 #include "worker/trainer.h"
 
 ts_status ts_strategy_all_units(ts_strategy *s, const ts_model_spec *spec, int *first, int *end) {
@@ -79,6 +81,12 @@ static ts_status param_table(const ts_model *m, const char ***names, ts_tensor *
 }
 
 ts_status ts_strategy_save_whole(ts_strategy *s, char *path, size_t cap) {
+    char root[1100];
+    snprintf(root, sizeof root, "%s/checkpoints", s->trainer->run_dir);
+    return ts_strategy_save_whole_in(s, root, s->trainer->job.train.keep_checkpoints, path, cap);
+}
+
+ts_status ts_strategy_save_whole_in(ts_strategy *s, const char *root, int keep, char *path, size_t cap) {
     ts_trainer *t = s->trainer;
     ts_model *m = t->model;
     const char **names;
@@ -98,12 +106,23 @@ ts_status ts_strategy_save_whole(ts_strategy *s, char *path, size_t cap) {
         .loader = ts_loader_position(t->loader),
         .config = t->job_text,
     };
-    char root[1100];
-    snprintf(root, sizeof root, "%s/checkpoints", t->run_dir);
-    st = ts_checkpoint_save(root, &d, t->job.train.keep_checkpoints, path, cap);
+    st = ts_checkpoint_save(root, &d, keep, path, cap);
     ts_tensor_release(state);
     free(names);
     free(values);
+    return st;
+}
+
+/* The weights of a whole checkpoint into m. */
+static ts_status load_model(const ts_checkpoint *ck, ts_model *m) {
+    const char **names;
+    ts_tensor **values;
+    ts_status st = param_table(m, &names, &values);
+    if (!st) {
+        st = ts_safetensors_load_into(ck->model, m->n_params, names, values, true);
+        free(names);
+        free(values);
+    }
     return st;
 }
 
@@ -117,15 +136,16 @@ ts_status ts_strategy_load_whole(ts_strategy *s, const char *dir) {
         return st;
     }
     ts_model *m = t->model;
-    const char **names;
-    ts_tensor **values;
-    ts_status st = param_table(m, &names, &values);
-    if (!st) {
-        st = ts_safetensors_load_into(ck->model, m->n_params, names, values, true);
-        free(names);
-        free(values);
+    ts_fsdp_layout l;
+    bool sharded;
+    ts_status st = ts_fsdp_layout_read(ck, &l, &sharded);
+    if (!st && sharded) {
+        ts_fsdp_layout_free(&l);
+        st = ts_fsdp_read_model(ck, m);
+    } else if (!st) {
+        st = load_model(ck, m);
     }
-    if (!st && m->n_state) {
+    if (!st && !sharded && m->n_state) {
         ts_tensor *state = ts_model_state_tensor(m);
         const char *sname = "state";
         st = state ? ts_safetensors_load_into(ck->optim, 1, &sname, &state, true) : ts_last_status();

@@ -234,6 +234,7 @@ ts_status ts_trainer_attach(ts_trainer *t) {
 
 void ts_trainer_free(ts_trainer *t) {
     if (!t) return;
+    ts_strategy_free(t->strategy); /* first: it may still let go of what it holds in the model */
     ts_loader_free(t->loader);
     ts_dataset_free(t->train_set);
     ts_dataset_free(t->val_set);
@@ -243,7 +244,6 @@ void ts_trainer_free(ts_trainer *t) {
     ts_model_free(t->model);
     ts_optim_groups_free(&t->groups);
     if (t->metrics) fclose(t->metrics);
-    ts_strategy_free(t->strategy);
     free(t->ready);
     free(t->hooks);
     free(t->job_text);

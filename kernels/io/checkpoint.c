@@ -95,13 +95,14 @@ static ts_status write_state(const char *dir, const ts_checkpoint_data *d) {
         if (extra) json_object_set_new(root, "extra", extra);
     }
     char path[PATH_CAP];
-    for (int i = 0; !s && i < 2; i++) {
+    for (int i = 0; !s && i < 2 + d->n_parts; i++) {
         uint64_t bytes;
         uint32_t crc;
-        s = join(path, dir, weight_files[i]);
+        const char *name = i < 2 ? weight_files[i] : d->parts[i - 2];
+        s = join(path, dir, name);
         if (!s) s = file_crc(path, &bytes, &crc);
-        if (!s) json_object_set_new(files, weight_files[i], json_pack("{s:I, s:I}", "bytes", (json_int_t)bytes,
-                                                                       "crc32", (json_int_t)crc));
+        if (!s) json_object_set_new(files, name, json_pack("{s:I, s:I}", "bytes", (json_int_t)bytes, "crc32",
+                                                           (json_int_t)crc));
     }
     json_object_set_new(root, "files", files);
     if (!s) s = join(path, dir, "state.json");
@@ -134,22 +135,35 @@ static ts_status write_folder(const char *dir, const ts_checkpoint_data *d) {
     return s;
 }
 
+ts_status ts_checkpoint_temp_dir(const char *root, int64_t step, long owner, char *out, size_t cap) {
+    if (step < 0) return ts_error(TS_ERR_VALUE, "checkpoint: step %lld is negative", (long long)step);
+    ts_status s = mkdir_p(root);
+    char tmp[PATH_CAP], name[64];
+    snprintf(name, sizeof name, ".tmp-step-%lld-%ld", (long long)step, owner);
+    if (!s) s = join(tmp, root, name);
+    if (!s && mkdir(tmp, 0777) != 0 && errno != EEXIST)
+        s = ts_error(TS_ERR_IO, "checkpoint: cannot create folder %s: %s", tmp, strerror(errno));
+    if (!s && snprintf(out, cap, "%s", tmp) >= (int)cap)
+        s = ts_error(TS_ERR_VALUE, "checkpoint: path %s does not fit %zu bytes", tmp, cap);
+    return s;
+}
+
 ts_status ts_checkpoint_save(const char *root, const ts_checkpoint_data *d, int keep_last, char *path, size_t cap) {
     if (d->step < 0) return ts_error(TS_ERR_VALUE, "checkpoint: step %lld is negative", (long long)d->step);
     ts_status s = mkdir_p(root);
     if (s) return s;
     char tmp[PATH_CAP], fin[PATH_CAP], old[PATH_CAP], name[64];
     long pid = (long)getpid();
-    snprintf(name, sizeof name, ".tmp-step-%lld-%ld", (long long)d->step, pid);
-    if ((s = join(tmp, root, name))) return s;
     snprintf(name, sizeof name, "step-%lld", (long long)d->step);
     if ((s = join(fin, root, name))) return s;
     snprintf(name, sizeof name, ".old-step-%lld-%ld", (long long)d->step, pid);
     if ((s = join(old, root, name))) return s;
     struct stat sb;
-    if (lstat(tmp, &sb) == 0 && (s = ts_io_remove_tree(tmp))) return s;
-    if (mkdir(tmp, 0777) != 0)
-        return ts_error(TS_ERR_IO, "checkpoint: cannot create folder %s: %s", tmp, strerror(errno));
+    /* a folder of one writer starts empty; a sharded one holds the others' files */
+    snprintf(name, sizeof name, ".tmp-step-%lld-%ld", (long long)d->step, pid);
+    if (!d->n_parts && !(s = join(tmp, root, name)) && lstat(tmp, &sb) == 0) s = ts_io_remove_tree(tmp);
+    if (!s) s = ts_checkpoint_temp_dir(root, d->step, pid, tmp, sizeof tmp);
+    if (s) return s;
     s = write_folder(tmp, d);
     bool replaced = false;
     if (!s && lstat(fin, &sb) == 0) { /* a checkpoint of this step exists: move it aside first */
@@ -222,15 +236,15 @@ static ts_status read_state(ts_checkpoint *ck, const char *sp) {
     return TS_OK;
 }
 
-/* Checks a weights file against its size and CRC in state.json, opens it. */
-static ts_status open_weights(ts_checkpoint *ck, int i, const char *sp, ts_safetensors **out) {
-    char path[PATH_CAP];
-    ts_status s = join(path, ck->path, weight_files[i]);
+/* Checks the file called name against its size and CRC in state.json;
+ * its path into path. */
+static ts_status check_file(ts_checkpoint *ck, const char *name, const char *sp, char *path) {
+    ts_status s = join(path, ck->path, name);
     if (s) return s;
-    json_t *f = json_object_get(json_object_get(ck->state, "files"), weight_files[i]);
+    json_t *f = json_object_get(json_object_get(ck->state, "files"), name);
     int64_t want_bytes, want_crc;
     if (!get_int(f, "bytes", &want_bytes) || !get_int(f, "crc32", &want_crc))
-        return ts_error(TS_ERR_FORMAT, "checkpoint %s: no size/crc32 recorded for %s", sp, weight_files[i]);
+        return ts_error(TS_ERR_FORMAT, "checkpoint %s: no size/crc32 recorded for %s", sp, name);
     uint64_t bytes;
     uint32_t crc;
     if ((s = file_crc(path, &bytes, &crc))) return s;
@@ -240,6 +254,29 @@ static ts_status open_weights(ts_checkpoint *ck, int i, const char *sp, ts_safet
     if ((int64_t)crc != want_crc)
         return ts_error(TS_ERR_FORMAT, "checkpoint: %s has CRC-32 %08x, state.json says %08llx (file damaged)", path,
                         crc, (unsigned long long)want_crc);
+    return TS_OK;
+}
+
+/* Checks every file state.json lists beyond the two weights files. */
+static ts_status check_parts(ts_checkpoint *ck, const char *sp) {
+    const char *name;
+    json_t *v;
+    char path[PATH_CAP];
+    json_object_foreach(json_object_get(ck->state, "files"), name, v) {
+        if (!strcmp(name, weight_files[0]) || !strcmp(name, weight_files[1])) continue;
+        if (strchr(name, '/') || name[0] == '.')
+            return ts_error(TS_ERR_FORMAT, "checkpoint %s: file name '%s' leaves the folder", sp, name);
+        ts_status s = check_file(ck, name, sp, path);
+        if (s) return s;
+    }
+    return TS_OK;
+}
+
+/* Checks a weights file against its size and CRC in state.json, opens it. */
+static ts_status open_weights(ts_checkpoint *ck, int i, const char *sp, ts_safetensors **out) {
+    char path[PATH_CAP];
+    ts_status s = check_file(ck, weight_files[i], sp, path);
+    if (s) return s;
     if (!(*out = ts_safetensors_open(path))) return ts_last_status();
     const char *step = ts_safetensors_meta(*out, "step");
     if (!step || strtoll(step, NULL, 10) != ck->step)
@@ -267,6 +304,7 @@ ts_checkpoint *ts_checkpoint_open(const char *step_dir) {
     if (!s) s = read_state(ck, sp);
     if (!s) s = open_weights(ck, 0, sp, &ck->model);
     if (!s) s = open_weights(ck, 1, sp, &ck->optim);
+    if (!s) s = check_parts(ck, sp);
     if (s) {
         ts_checkpoint_close(ck);
         return NULL;

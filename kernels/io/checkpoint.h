@@ -7,6 +7,8 @@
  * "config": "<job config text>", "extra": {...}, "files": {"model.safetensors":
  * {"bytes": n, "crc32": c}, ...}}.
  *
+ * Sharded checkpoints list more files (one per writer) in "files".
+ *
  * Saving writes everything into a hidden temp folder, fsyncs it, and renames
  * it to step-<k> last (fsyncing <root>), so a crash mid-save leaves either no
  * step-<k> or a complete one. Opening checks every file is present, that
@@ -37,6 +39,8 @@ typedef struct {
     ts_loader_pos loader;
     const char *config; /* job config text, or NULL */
     const char *extra;  /* a JSON object's text with more state, or NULL */
+    int n_parts;        /* more files, written by other processes into the */
+    const char *const *parts; /* step's temp folder (ts_checkpoint_temp_dir) */
 } ts_checkpoint_data;
 
 typedef struct {
@@ -53,6 +57,13 @@ typedef struct {
  * folder of that step), then, when keep_last > 0, prunes to the newest
  * keep_last. The folder's path goes to path (cap bytes) unless NULL. */
 ts_status ts_checkpoint_save(const char *root, const ts_checkpoint_data *d, int keep_last, char *path, size_t cap);
+
+/* Checkpoints written by several processes (sharded): each writes its
+ * files into the temp folder of step (made when missing) named for owner,
+ * the pid of the process that will commit it with ts_checkpoint_save
+ * (d->parts naming the others' files, which are then listed in state.json
+ * with their sizes and CRCs and checked on opening). Its path goes to out. */
+ts_status ts_checkpoint_temp_dir(const char *root, int64_t step, long owner, char *out, size_t cap);
 
 /* Opens and validates a step folder. */
 ts_checkpoint *ts_checkpoint_open(const char *step_dir);

@@ -7,6 +7,7 @@
 
 #include <cmocka.h>
 #include <dirent.h>
+#include <math.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <signal.h>
@@ -280,4 +281,75 @@ void th_expect_output(const th_proc *p, const char *needle, int timeout_ms) {
         snprintf(why, sizeof why, "no \"%s\" in the output within %d ms", needle, timeout_ms);
         th_dump(p, why);
     }
+}
+
+int th_joined_worker(const th_proc *p, int nth, pid_t *pid) {
+    char *text = th_output(p);
+    const char *needle = "[run] worker rank ";
+    int rank = -1, k = 0;
+    for (const char *s = text; (s = strstr(s, needle)); s += strlen(needle), k++) {
+        int r, q;
+        if (k == nth && sscanf(s + strlen(needle), "%d is pid %d", &r, &q) == 2) {
+            rank = r;
+            *pid = (pid_t)q;
+        }
+    }
+    free(text);
+    return rank;
+}
+
+/* ---- training jobs ---- */
+
+const char *th_job_file(const char *name, const char *arch, int steps, int batch, int accum, const char *parallel) {
+    char text[4096], model[512];
+    if (strncmp(arch, "gpt", 3) == 0)
+        snprintf(model, sizeof model,
+                 "\"model\": {\"arch\": \"gpt\", \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, \"block_size\": 16, "
+                 "\"dropout\": 0.0, \"checkpoint\": %s}, \"data\": {\"kind\": \"text\", \"val_fraction\": 0.05}, "
+                 "\"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.003, \"clip_norm\": 0.5}",
+                 strcmp(arch, "gpt-ckpt") == 0 ? "true" : "false");
+    else if (strcmp(arch, "cnn") == 0)
+        snprintf(model, sizeof model,
+                 "\"model\": {\"arch\": \"cnn\"}, \"data\": {\"kind\": \"fashion_mnist\"}, "
+                 "\"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.002, \"clip_norm\": 1.0}");
+    else
+        snprintf(model, sizeof model,
+                 "\"model\": {\"arch\": \"mlp\", \"hidden\": [64, 48, 32]}, \"data\": {\"kind\": \"fashion_mnist\"}, "
+                 "\"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.002}");
+    snprintf(text, sizeof text,
+             "{\"name\": \"%s\", \"seed\": 5, \"steps\": %d, %s,\n"
+             " \"schedule\": {\"kind\": \"constant\"},\n"
+             " \"train\": {\"batch_size\": %d, \"accum_steps\": %d, \"log_every\": 1, \"eval_every\": 0, "
+             "\"eval_batches\": 4, \"checkpoint_every\": 10%s},\n"
+             " \"parallel\": {%s}}\n",
+             name, steps, model, batch, accum, strstr(arch, "bf16") ? ", \"precision\": \"bf16\"" : "", parallel);
+    char file[128];
+    snprintf(file, sizeof file, "%s.json", name);
+    return th_write(file, text);
+}
+
+void th_run_losses(const char *tag, const char *const *argv, const char *run_dir, double *loss, int steps) {
+    th_proc p = th_start(tag, argv);
+    if (th_wait(&p, 240000) != 0) th_dump(&p, "the run did not exit 0");
+    if (th_losses(run_dir, loss, steps) != steps) th_dump(&p, "the run did not log every step");
+}
+
+void th_run_job(const char *name, const char *arch, int steps, int batch, int accum, const char *parallel,
+                bool resume, double *loss) {
+    const char *job = th_job_file(name, arch, steps, batch, accum, parallel);
+    const char *dir = th_path(name);
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, resume ? "--resume" : NULL, NULL};
+    th_run_losses(name, argv, dir, loss, steps);
+}
+
+void th_expect_same(const double *got, const double *want, int from, int to, const char *what) {
+    for (int s = from; s <= to; s++)
+        if (!(fabs(got[s] - want[s]) <= 1e-5 * fabs(want[s])))
+            fail_msg("%s: step %d loss %.7f, local %.7f", what, s, got[s], want[s]);
+}
+
+void th_copy_run(const char *from, const char *to) {
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
+    assert_int_equal(system(cmd), 0);
 }

@@ -9,6 +9,8 @@
 #ifndef TS_TESTS_CLUSTER_HARNESS_H
 #define TS_TESTS_CLUSTER_HARNESS_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <sys/types.h>
 
 typedef struct {
@@ -58,6 +60,10 @@ pid_t th_child(pid_t parent, const char *comm, int nth);
  * (steps 1..max; 0 where absent); returns the highest step read. */
 int th_losses(const char *run_dir, double *loss, int max);
 
+/* Rank and pid of the nth worker a tessera-run's output says joined
+ * ("[run] worker rank R is pid P"); -1 when there are fewer. */
+int th_joined_worker(const th_proc *p, int nth, pid_t *pid);
+
 /* Reaps every process re-parented to the test (not the th_proc ones) and
  * returns how many there were, waiting up to 500 ms for stragglers. */
 int th_leftovers(void);
@@ -68,6 +74,32 @@ void th_dump(const th_proc *p, const char *why);
 /* Waits up to timeout_ms for needle in p's output; fails the test with the
  * output when it does not come. */
 void th_expect_output(const th_proc *p, const char *needle, int timeout_ms);
+
+/* ---- training jobs ---- */
+
+/* Writes the job file name.json: model, data and optimizer of arch ("mlp":
+ * hidden [64, 48, 32]; "cnn" and "gpt", a small GPT whose embedding and
+ * head are tied, both with clipping; "gpt-ckpt": that GPT with activation
+ * checkpointing; "gpt-bf16": that GPT computing in bf16), seed 5, steps,
+ * batch, accum micro-batches, a log line
+ * and a checkpoint every 10 steps; parallel is the "parallel" section's
+ * body. Returns its path. */
+const char *th_job_file(const char *name, const char *arch, int steps, int batch, int accum, const char *parallel);
+
+/* Runs argv to completion (exit 0) and reads its run folder's losses. */
+void th_run_losses(const char *tag, const char *const *argv, const char *run_dir, double *loss, int steps);
+
+/* Runs the job `name` (th_job_file's arguments) in the run folder of its
+ * name, continuing from its checkpoints when resume, and reads the losses
+ * of its steps. */
+void th_run_job(const char *name, const char *arch, int steps, int batch, int accum, const char *parallel,
+                bool resume, double *loss);
+
+/* Fails unless got[s] is want[s] within 1e-5 relative for s in [from, to]. */
+void th_expect_same(const double *got, const double *want, int from, int to, const char *what);
+
+/* Copies the run folder from to to (checkpoints and metrics). */
+void th_copy_run(const char *from, const char *to);
 
 /* Milliseconds on a monotonic clock. */
 double th_now_ms(void);

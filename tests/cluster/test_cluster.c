@@ -36,23 +36,6 @@ static const char *job_file(const char *name, int steps, int workers, int server
 }
 
 
-/* Rank and pid of the nth worker that joined ("[run] worker rank R is pid
- * P"); -1 when there are fewer. */
-static int joined_worker(const th_proc *p, int nth, pid_t *pid) {
-    char *text = th_output(p);
-    const char *needle = "[run] worker rank ";
-    int rank = -1, k = 0;
-    for (const char *s = text; (s = strstr(s, needle)); s += strlen(needle), k++) {
-        int r, q;
-        if (k == nth && sscanf(s + strlen(needle), "%d is pid %d", &r, &q) == 2) {
-            rank = r;
-            *pid = (pid_t)q;
-        }
-    }
-    free(text);
-    return rank;
-}
-
 /* Lines of p's output that start with prefix and contain sub. */
 static int count_lines(const th_proc *p, const char *prefix, const char *sub) {
     char *text = th_output(p);
@@ -92,7 +75,7 @@ static void test_kill_worker(void **state) {
     /* a worker that is slower to load its data may join after the start */
     th_expect_output(&run, " world 4 loss ", 15000);
     pid_t victim = -1;
-    int rank = joined_worker(&run, 2, &victim);
+    int rank = th_joined_worker(&run, 2, &victim);
     assert_true(rank >= 0);
     double t0 = th_now_ms();
     kill(victim, SIGKILL);
@@ -122,7 +105,7 @@ static void test_restart_worker(void **state) {
     th_proc run = th_start("restart", argv);
     th_expect_output(&run, "] step 3 ", 15000);
     pid_t victim = -1;
-    int rank = joined_worker(&run, 1, &victim);
+    int rank = th_joined_worker(&run, 1, &victim);
     assert_true(rank >= 0);
     kill(victim, SIGKILL);
     char needle[128];
@@ -295,7 +278,7 @@ static void test_stopped_worker(void **state) {
     th_proc run = th_start("stop", argv);
     th_expect_output(&run, "] step 3 ", 15000);
     pid_t victim = -1;
-    int rank = joined_worker(&run, 2, &victim);
+    int rank = th_joined_worker(&run, 2, &victim);
     assert_true(rank >= 0);
     double t0 = th_now_ms();
     kill(victim, SIGSTOP);

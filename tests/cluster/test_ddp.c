@@ -119,23 +119,6 @@ static void test_mpirun_2(void **state) {
             fail_msg("mpirun: step %d loss %.7f, local %.7f", s, got[s], want[s]);
 }
 
-/* Rank and pid of the nth worker that joined ("[run] worker rank R is pid
- * P"); -1 when there are fewer. */
-static int joined_worker(const th_proc *p, int nth, pid_t *pid) {
-    char *text = th_output(p);
-    const char *needle = "[run] worker rank ";
-    int rank = -1, k = 0;
-    for (const char *s = text; (s = strstr(s, needle)); s += strlen(needle), k++) {
-        int r, q;
-        if (k == nth && sscanf(s + strlen(needle), "%d is pid %d", &r, &q) == 2) {
-            rank = r;
-            *pid = (pid_t)q;
-        }
-    }
-    free(text);
-    return rank;
-}
-
 /* kill -9 of one of 4 workers mid-training: the survivors name it, redo the
  * step with 3 and finish; the final checkpoint evaluates. */
 static void test_kill_worker(void **state) {
@@ -148,7 +131,7 @@ static void test_kill_worker(void **state) {
     if (th_wait_count(&run, "joined rank=", 4, 60000) != 0) dump(&run, "not 4 workers joined");
     if (th_wait_for(&run, "step 20/400", 60000) != 0) dump(&run, "no step 20");
     pid_t victim = -1;
-    int rank = joined_worker(&run, 2, &victim);
+    int rank = th_joined_worker(&run, 2, &victim);
     assert_true(rank >= 0);
     kill(victim, SIGKILL);
     if (th_wait_for(&run, "world size 4 -> 3 workers", 10000) != 0) dump(&run, "no new generation of 3");

@@ -25,33 +25,6 @@
 
 #define STEPS 30
 
-/* A job file: model and data of arch ("mlp", "gpt", or "gpt-ckpt": the GPT
- * with activation checkpointing), steps, batch, accumulation steps;
- * parallel is the "parallel" section's body. */
-static const char *job_file(const char *name, const char *arch, int steps, int batch, int accum, const char *parallel) {
-    char text[4096], model[512];
-    if (strncmp(arch, "gpt", 3) == 0)
-        snprintf(model, sizeof model,
-                 "\"model\": {\"arch\": \"gpt\", \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, \"block_size\": 16, "
-                 "\"dropout\": 0.0, \"checkpoint\": %s}, \"data\": {\"kind\": \"text\", \"val_fraction\": 0.05}, "
-                 "\"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.003, \"clip_norm\": 0.5}",
-                 strcmp(arch, "gpt-ckpt") == 0 ? "true" : "false");
-    else
-        snprintf(model, sizeof model,
-                 "\"model\": {\"arch\": \"mlp\", \"hidden\": [64, 48, 32]}, \"data\": {\"kind\": \"fashion_mnist\"}, "
-                 "\"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.002}");
-    snprintf(text, sizeof text,
-             "{\"name\": \"%s\", \"seed\": 5, \"steps\": %d, %s,\n"
-             " \"schedule\": {\"kind\": \"constant\"},\n"
-             " \"train\": {\"batch_size\": %d, \"accum_steps\": %d, \"log_every\": 1, \"eval_every\": 0, "
-             "\"eval_batches\": 4, \"checkpoint_every\": 10},\n"
-             " \"parallel\": {%s}}\n",
-             name, steps, model, batch, accum, parallel);
-    char file[128];
-    snprintf(file, sizeof file, "%s.json", name);
-    return th_write(file, text);
-}
-
 /* The "parallel" body of a pipeline of p stages x d replicas, m
  * micro-batches, schedule sched; extra is appended. */
 static void pipeline_section(char *out, size_t cap, int p, int d, int m, const char *sched, const char *extra) {
@@ -61,29 +34,11 @@ static void pipeline_section(char *out, size_t cap, int p, int d, int m, const c
              p, d, m, sched, extra);
 }
 
-/* Runs argv to completion (exit 0) and reads its run folder's losses. */
-static void run_for_losses(const char *tag, const char *const *argv, const char *run_dir, double *loss, int steps) {
-    th_proc p = th_start(tag, argv);
-    if (th_wait(&p, 240000) != 0) th_dump(&p, "the run did not exit 0");
-    if (th_losses(run_dir, loss, steps) != steps) th_dump(&p, "the run did not log every step");
-}
-
-/* Runs the job `name` (job_file's arguments) in the run folder of its
- * name, continuing from its checkpoints when resume, and reads the losses
- * of its steps. */
-static void run_job(const char *name, const char *arch, int steps, int batch, int accum, const char *parallel,
-                    bool resume, double *loss) {
-    const char *job = job_file(name, arch, steps, batch, accum, parallel);
-    const char *dir = th_path(name);
-    const char *argv[] = {"tessera-run", job, "--run-dir", dir, resume ? "--resume" : NULL, NULL};
-    run_for_losses(name, argv, dir, loss, steps);
-}
-
 /* The losses of a local run of arch at batch with accum micro-batches. */
 static void local_losses(const char *arch, int batch, int accum, double *loss) {
     char name[64];
     snprintf(name, sizeof name, "local-%s-%d-%d", arch, batch, accum);
-    run_job(name, arch, STEPS, batch, accum, "\"strategy\": \"local\"", false, loss);
+    th_run_job(name, arch, STEPS, batch, accum, "\"strategy\": \"local\"", false, loss);
 }
 
 /* Runs a pipeline job (p stages x d replicas, m micro-batches of batch,
@@ -92,13 +47,7 @@ static void run_pipeline(const char *name, const char *arch, int steps, int batc
                          const char *sched, bool resume, double *loss) {
     char par[512];
     pipeline_section(par, sizeof par, p, d, m, sched, "");
-    run_job(name, arch, steps, batch, 1, par, resume, loss);
-}
-
-static void expect_same(const double *got, const double *want, int from, int to, const char *what) {
-    for (int s = from; s <= to; s++)
-        if (!(fabs(got[s] - want[s]) <= 1e-5 * fabs(want[s])))
-            fail_msg("%s: step %d loss %.7f, local %.7f", what, s, got[s], want[s]);
+    th_run_job(name, arch, steps, batch, 1, par, resume, loss);
 }
 
 /* p stages with m micro-batches of b, under both schedules, match local
@@ -111,7 +60,7 @@ static void equivalence(const char *arch, int p, int m, int b) {
         char name[64];
         snprintf(name, sizeof name, "pipe-%s-%d-%s", arch, p, scheds[k]);
         run_pipeline(name, arch, STEPS, m * b, p, 1, m, scheds[k], false, got);
-        expect_same(got, want, 1, STEPS, name);
+        th_expect_same(got, want, 1, STEPS, name);
     }
     assert_int_equal(th_leftovers(), 0);
 }
@@ -130,15 +79,8 @@ static void test_dp_2x2(void **state) {
     double want[STEPS + 1], got[STEPS + 1];
     local_losses("gpt", 16, 1, want);
     run_pipeline("pipe-dp", "gpt", STEPS, 8, 2, 2, 4, "1f1b", false, got);
-    expect_same(got, want, 1, STEPS, "2 stages x 2 replicas");
+    th_expect_same(got, want, 1, STEPS, "2 stages x 2 replicas");
     assert_int_equal(th_leftovers(), 0);
-}
-
-/* Copies the run folder from to to (checkpoints and metrics). */
-static void copy_run(const char *from, const char *to) {
-    char cmd[9000];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
-    assert_int_equal(system(cmd), 0);
 }
 
 /* A 4-stage run stopped after step 20 (its checkpoint) continues as a
@@ -149,16 +91,16 @@ static void test_checkpoint_cuts(void **state) {
     double want[STEPS + 1], got[STEPS + 1];
     local_losses("gpt", 2, 4, want);
     run_pipeline("pipe-ck4", "gpt", 20, 8, 4, 1, 4, "1f1b", false, got);
-    expect_same(got, want, 1, 20, "4 stages, first 20 steps");
+    th_expect_same(got, want, 1, 20, "4 stages, first 20 steps");
 
     const char *dir4 = th_path("pipe-ck4");
-    copy_run(dir4, th_path("pipe-ck-local"));
-    run_job("pipe-ck-local", "gpt", STEPS, 2, 4, "\"strategy\": \"local\"", true, got);
-    expect_same(got, want, 21, STEPS, "local run resumed from 4 stages");
+    th_copy_run(dir4, th_path("pipe-ck-local"));
+    th_run_job("pipe-ck-local", "gpt", STEPS, 2, 4, "\"strategy\": \"local\"", true, got);
+    th_expect_same(got, want, 21, STEPS, "local run resumed from 4 stages");
 
-    copy_run(dir4, th_path("pipe-ck2"));
+    th_copy_run(dir4, th_path("pipe-ck2"));
     run_pipeline("pipe-ck2", "gpt", STEPS, 8, 2, 1, 4, "gpipe", true, got);
-    expect_same(got, want, 21, STEPS, "2 stages resumed from 4 stages");
+    th_expect_same(got, want, 21, STEPS, "2 stages resumed from 4 stages");
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -195,11 +137,11 @@ static void test_kill_stage(void **state) {
     (void)state;
     enum { KSTEPS = 60 };
     double want[KSTEPS + 1], got[KSTEPS + 1];
-    run_job("pipe-kill-local", "mlp", KSTEPS, 8, 4, "\"strategy\": \"local\"", false, want);
+    th_run_job("pipe-kill-local", "mlp", KSTEPS, 8, 4, "\"strategy\": \"local\"", false, want);
 
     char par[512];
     pipeline_section(par, sizeof par, 3, 1, 4, "1f1b", ", \"max_restarts\": 1, \"timeline\": true");
-    const char *job = job_file("pipe-kill", "mlp", KSTEPS, 32, 1, par);
+    const char *job = th_job_file("pipe-kill", "mlp", KSTEPS, 32, 1, par);
     const char *dir = th_path("pipe-kill");
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
     th_proc run = th_start("pipe-kill", argv);
@@ -219,7 +161,7 @@ static void test_kill_stage(void **state) {
     if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not finish the job after the restart");
     fprintf(stderr, "the pipeline was restarting %.0f ms after the kill\n", stopped);
     if (th_losses(dir, got, KSTEPS) != KSTEPS) th_dump(&run, "the restarted job did not log every step");
-    expect_same(got, want, 1, KSTEPS, "3 stages with a restart");
+    th_expect_same(got, want, 1, KSTEPS, "3 stages with a restart");
     assert_int_equal(th_leftovers(), 0);
 }
 

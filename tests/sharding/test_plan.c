@@ -1,4 +1,5 @@
-/* test_plan.c - balanced ranges cover [0, n) exactly once; stage cuts are
+/* test_plan.c - balanced ranges cover [0, n) exactly once; FSDP shards
+ * are equal, padded, and their real parts cover a unit once; stage cuts are
  * contiguous, non-empty and minimise the largest stage. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -38,6 +39,25 @@ static void test_ranges_cover_once(void **state) {
     assert_non_null(strstr(ts_last_error(), "into 0 parts"));
 }
 
+static void test_fsdp_shards(void **state) {
+    (void)state;
+    int64_t lens[] = {1, 3, 4, 7, 1000003};
+    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++)
+        for (int n = 1; n <= 8; n++) {
+            int64_t s = ts_plan_shard_len(lens[k], n), next = 0;
+            assert_true(s * n >= lens[k] && s * n - lens[k] < n);
+            for (int r = 0; r < n; r++) {
+                ts_range x = ts_plan_shard_range(lens[k], n, r);
+                assert_true(x.len >= 0 && x.len <= s);
+                if (x.len) assert_int_equal(x.offset, r * s);
+                if (x.len) assert_int_equal(x.offset, next);
+                next += x.len;
+            }
+            assert_int_equal(next, lens[k]);
+        }
+    assert_int_equal(ts_plan_shard_range(3, 4, 3).len, 0); /* 4 shards of 1 for 3 elements */
+}
+
 static void test_stages_balance(void **state) {
     (void)state;
     double even[8] = {1, 1, 1, 1, 1, 1, 1, 1};
@@ -66,6 +86,7 @@ static void test_stages_balance(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ranges_cover_once),
+        cmocka_unit_test(test_fsdp_shards),
         cmocka_unit_test(test_stages_balance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

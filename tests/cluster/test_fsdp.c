@@ -1,0 +1,239 @@
+/* test_fsdp.c - strategy "fsdp" with real processes: W = 2 and 4 workers
+ * at batch b, modes full and grad_op (and no_shard, one unit for the whole
+ * model, activation checkpointing), give the per-step losses of one
+ * process at batch W*b within 1e-5 relative over 30 steps (a small GPT
+ * whose head reuses the embedding, and a CNN, both with clipping); bf16
+ * compute tracks the local bf16 run; a run saved at W = 4 resumes at W = 2,
+ * W = 3 and in one process with the losses of a run that never stopped;
+ * the sharded checkpoint consolidates into one safetensors file that
+ * --eval reads; a worker killed -9 mid-step is survived and the final
+ * checkpoint evaluates; a worker that joins gets its shards from the
+ * others. Run one scenario by name: cluster_test_fsdp <name>. */
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define STEPS 30
+
+/* The "parallel" body of FSDP with w workers; extra is appended. */
+static void fsdp_section(char *out, size_t cap, int w, const char *extra) {
+    snprintf(out, cap, "\"strategy\": \"fsdp\", \"workers\": %d, \"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 1500%s",
+             w, extra);
+}
+
+/* The losses of a local run of arch at batch. */
+static void local_losses(const char *arch, int batch, double *loss) {
+    char name[64];
+    snprintf(name, sizeof name, "local-%s-%d", arch, batch);
+    th_run_job(name, arch, STEPS, batch, 1, "\"strategy\": \"local\"", false, loss);
+}
+
+/* FSDP with w workers at per-worker batch b, each of the given extras
+ * (modes, units), gives local's losses at w * b; local_arch is the arch
+ * of the run it must equal (activation checkpointing changes nothing). */
+static void equivalence(const char *arch, const char *local_arch, int w, int b, const char *const *extras, int n) {
+    double want[STEPS + 1], got[STEPS + 1];
+    local_losses(local_arch, w * b, want);
+    for (int k = 0; k < n; k++) {
+        char name[64], par[512];
+        snprintf(name, sizeof name, "fsdp-%s-%d-%d", arch, w, k);
+        fsdp_section(par, sizeof par, w, extras[k]);
+        th_run_job(name, arch, STEPS, b, 1, par, false, got);
+        char what[600];
+        snprintf(what, sizeof what, "%s, %d workers, %s", arch, w, extras[k]);
+        th_expect_same(got, want, 1, STEPS, what);
+    }
+    assert_int_equal(th_leftovers(), 0);
+}
+
+static const char *const full_and_grad_op[] = {"", ", \"fsdp_mode\": \"grad_op\""};
+
+static void test_gpt_2(void **state) {
+    (void)state;
+    const char *extras[] = {"", ", \"fsdp_mode\": \"grad_op\"", ", \"fsdp_mode\": \"no_shard\"",
+                            ", \"fsdp_unit\": \"model\", \"wire_dtype\": \"f32\""};
+    equivalence("gpt", "gpt", 2, 4, extras, 4);
+}
+static void test_gpt_4(void **state) { (void)state; equivalence("gpt", "gpt", 4, 2, full_and_grad_op, 2); }
+static void test_cnn_2(void **state) { (void)state; equivalence("cnn", "cnn", 2, 16, full_and_grad_op, 2); }
+static void test_cnn_4(void **state) { (void)state; equivalence("cnn", "cnn", 4, 8, full_and_grad_op, 2); }
+/* activation checkpointing of the blocks gathers again in recomputation */
+static void test_gpt_checkpointing(void **state) {
+    (void)state;
+    const char *extras[] = {""};
+    equivalence("gpt-ckpt", "gpt", 3, 2, extras, 1);
+}
+
+/* bf16 compute: gathers carry bf16, gradients reduce in f32 or bf16; the
+ * losses track the local bf16 run's (bf16 rounds each rank's gradients). */
+static void test_bf16(void **state) {
+    (void)state;
+    double want[STEPS + 1], got[STEPS + 1];
+    local_losses("gpt-bf16", 8, want);
+    const char *wires[] = {"", ", \"wire_dtype\": \"bf16\""};
+    for (int k = 0; k < 2; k++) {
+        char name[64], par[512];
+        snprintf(name, sizeof name, "fsdp-bf16-%d", k);
+        fsdp_section(par, sizeof par, 2, wires[k]);
+        th_run_job(name, "gpt-bf16", STEPS, 4, 1, par, false, got);
+        for (int s = 1; s <= STEPS; s++)
+            if (!(fabs(got[s] - want[s]) <= 2e-2 * fabs(want[s])))
+                fail_msg("bf16%s: step %d loss %.5f, local bf16 %.5f", wires[k], s, got[s], want[s]);
+    }
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* Runs "tessera-run args..." to exit 0 and returns its output (free it). */
+static char *run_tool(const char *tag, const char *const *argv) {
+    th_proc p = th_start(tag, argv);
+    if (th_wait(&p, 120000) != 0) th_dump(&p, "the command did not exit 0");
+    return th_output(&p);
+}
+
+/* Saved at W = 4 after 20 steps (batch 3 each), the run resumes at W = 2
+ * (batch 6), W = 3 (batch 4) and in one process (batch 12) with the
+ * losses of an uninterrupted local run; the checkpoint consolidates into a
+ * whole one that --eval reads. */
+static void test_reshard(void **state) {
+    (void)state;
+    double want[STEPS + 1], got[STEPS + 1];
+    local_losses("gpt", 12, want);
+    char par[512];
+    fsdp_section(par, sizeof par, 4, "");
+    th_run_job("fsdp-r4", "gpt", 20, 3, 1, par, false, got);
+    th_expect_same(got, want, 1, 20, "4 workers, first 20 steps");
+    const char *dir4 = th_path("fsdp-r4");
+    const int worlds[] = {2, 3};
+    for (int k = 0; k < 2; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "fsdp-r%d", worlds[k]);
+        th_copy_run(dir4, th_path(name));
+        fsdp_section(par, sizeof par, worlds[k], "");
+        th_run_job(name, "gpt", STEPS, 12 / worlds[k], 1, par, true, got);
+        th_expect_same(got, want, 21, STEPS, name);
+    }
+    th_copy_run(dir4, th_path("fsdp-r1"));
+    th_run_job("fsdp-r1", "gpt", STEPS, 12, 1, "\"strategy\": \"local\"", true, got);
+    th_expect_same(got, want, 21, STEPS, "local run resumed from 4 workers");
+
+    /* one safetensors file with the model's names, which --eval reads */
+    char ckpt[4300], out[4300];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-20", dir4);
+    snprintf(out, sizeof out, "%s/whole", th_path("fsdp-r4"));
+    const char *cargv[] = {"tessera-run", "--consolidate", ckpt, "--out", out, NULL};
+    free(run_tool("fsdp-consolidate", cargv));
+    char whole_ckpt[4400];
+    snprintf(whole_ckpt, sizeof whole_ckpt, "%s/step-20", out);
+    const char *eargv[] = {"tessera-run", "--eval", whole_ckpt, NULL};
+    char *whole = run_tool("fsdp-eval-whole", eargv);
+    const char *eargv2[] = {"tessera-run", "--eval", ckpt, NULL};
+    char *sharded = run_tool("fsdp-eval-sharded", eargv2);
+    const char *a = strstr(whole, "bits/byte"), *b = strstr(sharded, "bits/byte");
+    if (!a || !b) fail_msg("no bits/byte in --eval's output:\n%s\n%s", whole, sharded);
+    /* the line up to its figure is the same from both */
+    const char *la = strstr(whole, "loss "), *lb = strstr(sharded, "loss ");
+    if (!la || !lb || atof(la + 5) != atof(lb + 5)) fail_msg("--eval differs:\n%s\n%s", whole, sharded);
+    free(whole);
+    free(sharded);
+    /* PyTorch reads the file by the format's spec (where it is installed) */
+    if (system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") == 0) {
+        char cmd[9000];
+        snprintf(cmd, sizeof cmd,
+                 "/usr/bin/python3 -c 'import json,struct,sys,torch\n"
+                 "b=open(sys.argv[1],\"rb\").read(); n=struct.unpack(\"<Q\",b[:8])[0]; h=json.loads(b[8:8+n])\n"
+                 "for k in (\"wte.weight\",\"blocks.1.attn.qkv.weight\",\"ln_f.bias\"):\n"
+                 " e=h[k]; s,t=e[\"data_offsets\"]; x=torch.frombuffer(bytearray(b[8+n+s:8+n+t]),dtype=torch.float32)"
+                 ".reshape(e[\"shape\"]); assert torch.isfinite(x).all()\n"
+                 "assert h[\"wte.weight\"][\"shape\"]==[256,32]' '%s/model.safetensors'",
+                 whole_ckpt);
+        if (system(cmd) != 0) fail_msg("PyTorch could not read %s/model.safetensors", whole_ckpt);
+    }
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* Starts FSDP job name (th_job_file's model arch, steps, batch) with w
+ * workers and extra parallel fields in its run folder (*dir). */
+static th_proc start_job(const char *name, const char *arch, int steps, int batch, int w, const char *extra,
+                         const char **dir) {
+    char par[512];
+    fsdp_section(par, sizeof par, w, extra);
+    const char *job = th_job_file(name, arch, steps, batch, 1, par);
+    *dir = th_path(name);
+    const char *argv[] = {"tessera-run", job, "--run-dir", *dir, NULL};
+    return th_start(name, argv);
+}
+
+/* kill -9 of one of 4 workers mid-training: the survivors go on at 3 from
+ * the last checkpoint, resharded, and finish; the final checkpoint
+ * evaluates. */
+static void test_kill_worker(void **state) {
+    (void)state;
+    const char *dir;
+    th_proc run = start_job("fsdp-kill", "mlp", 300, 32, 4, ", \"min_workers\": 2", &dir);
+    if (th_wait_count(&run, "joined rank=", 4, 60000) != 0) th_dump(&run, "not 4 workers joined");
+    if (th_wait_for(&run, "step 25/300", 60000) != 0) th_dump(&run, "no step 25");
+    pid_t victim = -1;
+    int rank = th_joined_worker(&run, 2, &victim);
+    assert_true(rank >= 0);
+    kill(victim, SIGKILL);
+    if (th_wait_for(&run, "world size 4 -> 3 workers", 15000) != 0) th_dump(&run, "no new generation of 3");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after losing a worker");
+    if (th_count(&run, "reloads checkpoint") < 1) th_dump(&run, "the survivors did not reload the last checkpoint");
+    char ckpt[4300];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-300", dir);
+    const char *eargv[] = {"tessera-run", "--eval", ckpt, NULL};
+    char *text = run_tool("fsdp-kill-eval", eargv);
+    const char *a = strstr(text, "accuracy ");
+    double acc = a ? atof(a + 9) : 0;
+    if (acc < 75) fail_msg("the final checkpoint evaluates at %.2f%% (below 75%%):\n%s", acc, text);
+    free(text);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* A worker joined mid-run gets its shards from the others at the next
+ * step boundary (no checkpoint reloaded) and trains in step. */
+static void test_join(void **state) {
+    (void)state;
+    const char *dir;
+    th_proc run = start_job("fsdp-join", "gpt", 600, 4, 2, ", \"max_workers\": 3", &dir);
+    const char *job = th_path("fsdp-join.json");
+    if (th_wait_for(&run, "step 10/600", 60000) != 0) th_dump(&run, "no step 10");
+    char addr[256], key[4200], addr_file[4200];
+    snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", dir);
+    snprintf(key, sizeof key, "%s/job.key", dir);
+    assert_int_equal(th_read_line(addr_file, addr, sizeof addr, 2000), 0);
+    /* every worker writes its shards into the job's run folder */
+    const char *jargv[] = {"tessera-run", "--join", addr, "--key-file", key, job, "--run-dir", dir, NULL};
+    th_proc joiner = th_start("fsdp-joiner", jargv);
+    if (th_wait_for(&run, "world size 2 -> 3 workers", 60000) != 0) th_dump(&run, "no generation of 3");
+    if (th_wait(&joiner, 240000) != 0) th_dump(&joiner, "the joined worker did not exit 0");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 with a joined worker");
+    if (th_count(&run, "all workers completed 600 steps") < 1) th_dump(&run, "not every worker completed the steps");
+    if (th_count(&run, "reloads checkpoint") + th_count(&joiner, "reloads checkpoint") > 0)
+        th_dump(&run, "a checkpoint was reloaded although no shard was lost");
+    assert_int_equal(th_leftovers(), 0);
+}
+
+int main(int argc, char **argv) {
+    th_init();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpt_2),  cmocka_unit_test(test_gpt_4),      cmocka_unit_test(test_cnn_2),
+        cmocka_unit_test(test_cnn_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_reshard), cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_join),
+    };
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    th_finish(failed);
+    return failed;
+}

@@ -1,0 +1,236 @@
+/* dp_group.c - generations and communicators of the all-reduce strategies. */
+#include "worker/dp_group.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collective/mpi.h"
+#include "kernels/clock.h"
+#include "worker/trainer.h"
+
+/* How often a waiting worker looks for a new generation (ms). */
+#define LOOK_MS 20
+
+ts_status ts_dp_group_open(ts_dp_group *g, ts_strategy *s, const char *what, const ts_strategy_options *o,
+                           const ts_dp_group_hooks *hooks) {
+    *g = (ts_dp_group){.s = s, .what = what, .mpi_comm = o->mpi_comm, .hooks = *hooks};
+    /* the loader is made before the join: shard it for the job's workers
+     * (its steps per epoch), the first generation takes the live group */
+    s->group = (ts_group){.rank = 0, .world = o->job->parallel.workers};
+    if (g->mpi_comm) return TS_OK;
+    if (!(g->port = ts_ring_port_for_job(o->job, o->key_file, what))) return ts_last_status();
+    snprintf(s->address, sizeof s->address, "%s", ts_ring_port_endpoint(g->port));
+    return TS_OK;
+}
+
+void ts_dp_group_close(ts_dp_group *g) {
+    ts_dp_group_drop(g);
+    ts_ring_port_close(g->port);
+    free(g->next_roster);
+    g->port = NULL;
+    g->next_roster = NULL;
+}
+
+/* Takes the join's roster as the pending generation. */
+static ts_status first_generation(ts_dp_group *g) {
+    if (!g->mpi_comm) {
+        ts_status st = ts_member_roster(g->s->member, &g->next_roster, &g->next_n, &g->next_generation);
+        ts_member_poll_membership(g->s->member, NULL, NULL, NULL); /* the join's own generation */
+        if (st) return st;
+    }
+    g->pending = true;
+    return TS_OK;
+}
+
+void ts_dp_group_look(ts_dp_group *g) {
+    uint64_t gen;
+    ts_proto_member *r = NULL;
+    size_t n = 0;
+    if (!g->s->member || !ts_member_poll_membership(g->s->member, &gen, &r, &n)) return;
+    free(g->next_roster);
+    g->next_roster = r;
+    g->next_n = n;
+    g->next_generation = gen;
+    g->pending = true;
+}
+
+ts_status ts_dp_group_await(ts_dp_group *g) {
+    ts_member_info info;
+    ts_member_info_get(g->s->member, &info);
+    double deadline = ts_clock_ms() + 2.0 * info.heartbeat_timeout_ms + info.barrier_timeout_ms;
+    while (!g->pending) {
+        if (ts_member_shutdown_requested(g->s->member, NULL, NULL, 0)) {
+            g->s->finished = true;
+            return TS_OK;
+        }
+        if (ts_clock_ms() > deadline)
+            return ts_error(TS_ERR_TIMEOUT, "%s: no new generation from the scheduler after the collective failed",
+                            g->what);
+        ts_sleep_ms(LOOK_MS);
+        ts_dp_group_look(g);
+    }
+    return TS_OK;
+}
+
+ts_status ts_dp_group_finish(ts_dp_group *g, ts_comm_req *req) {
+    for (;;) {
+        bool done;
+        ts_status st = ts_comm_wait_ms(req, LOOK_MS, &done);
+        if (done) return st;
+        ts_dp_group_look(g);
+        if (g->pending) ts_comm_abort(g->comm);
+    }
+}
+
+ts_status ts_dp_group_run(ts_dp_group *g, ts_comm_op *op) {
+    ts_comm_req *req;
+    ts_status st = ts_comm_start(g->comm, op, &req);
+    return st ? st : ts_dp_group_finish(g, req);
+}
+
+ts_status ts_dp_group_meet(ts_dp_group *g, ts_comm_kind kind, const void *send, void *recv, int64_t count,
+                           ts_dtype dt) {
+    ts_member_info info;
+    ts_member_info_get(g->s->member, &info);
+    ts_comm_op op = {.kind = kind, .send = send, .recv = recv, .count = count, .dtype = dt, .peer = 0,
+                     .op = TS_REDUCE_SUM, .step = g->s->trainer->step, .timeout_ms = (int)info.barrier_timeout_ms};
+    return ts_dp_group_run(g, &op);
+}
+
+static int by_rank(const void *a, const void *b) {
+    int32_t x = (*(const ts_proto_member *const *)a)->rank, y = (*(const ts_proto_member *const *)b)->rank;
+    return (x > y) - (x < y);
+}
+
+/* The roster's live workers, ranks ascending: their endpoints into peers
+ * and this node's place into *index (-1: not among them). Returns their
+ * number. */
+static int live_workers(const ts_proto_member *r, size_t n, int32_t me, const char **peers, int *index) {
+    const ts_proto_member **w = calloc(n + 1, sizeof *w);
+    int k = 0;
+    *index = -1;
+    if (!w) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (r[i].role == TS_ROLE_WORKER && r[i].alive) w[k++] = &r[i];
+    qsort(w, (size_t)k, sizeof *w, by_rank);
+    for (int i = 0; i < k; i++) {
+        peers[i] = w[i]->address;
+        if (w[i]->rank == me) *index = i;
+    }
+    free(w);
+    return k;
+}
+
+/* The ring communicator of the pending generation. */
+static ts_status start_ring(ts_dp_group *g) {
+    const char **peers = calloc(g->next_n + 1, sizeof *peers);
+    if (!peers) return ts_error(TS_ERR_MEMORY, "%s: out of memory for %zu peers", g->what, g->next_n);
+    ts_member_info info;
+    ts_member_info_get(g->s->member, &info);
+    int index, world = live_workers(g->next_roster, g->next_n, info.rank, peers, &index);
+    unsigned long long gen = (unsigned long long)g->next_generation;
+    ts_status st = TS_OK;
+    if (world == 0) st = ts_error(TS_ERR_MEMORY, "%s: out of memory reading generation %llu", g->what, gen);
+    else if (index < 0) st = ts_error(TS_ERR_STATE, "%s: generation %llu does not list this worker (rank %d)",
+                                      g->what, gen, info.rank);
+    for (int i = 0; !st && i < world; i++)
+        if (!peers[i][0]) st = ts_error(TS_ERR_PEER, "%s: worker %d of generation %llu has no address", g->what, i, gen);
+    if (!st) {
+        ts_comm_config cfg = {.rank = index, .size = world, .generation = g->next_generation,
+                              .timeout_ms = (int)info.heartbeat_timeout_ms, .peers = peers, .native = g->port};
+        g->comm = ts_comm_create(&ts_comm_ring_backend, &cfg);
+        if (!g->comm) st = ts_last_status();
+    }
+    free(peers);
+    if (st) return st;
+    ts_group before = g->s->group;
+    g->s->group = (ts_group){.rank = index, .world = world, .generation = g->next_generation, .leader = index == 0};
+    g->pending = false;
+    if (before.generation)
+        printf("generation %llu: world size %d -> %d workers\n", gen, before.world, world);
+    return TS_OK;
+}
+
+/* The MPI communicator of a job started by mpirun (one generation). */
+static ts_status start_mpi(ts_dp_group *g) {
+    if (g->s->group.generation)
+        return ts_error(TS_ERR_UNSUPPORTED, "%s: the workers of a job started by mpirun changed (generation %llu); "
+                                            "mpirun jobs keep their size", g->what,
+                        (unsigned long long)g->next_generation);
+    int rank = 0, size = 1;
+    ts_status st = ts_comm_mpi_place(g->mpi_comm, &rank, &size);
+    if (st) return st;
+    ts_member_info info;
+    ts_member_info_get(g->s->member, &info);
+    ts_comm_config cfg = {.rank = rank, .size = size, .generation = 1,
+                          .timeout_ms = (int)info.heartbeat_timeout_ms, .native = g->mpi_comm};
+    const ts_comm_backend *be = ts_comm_backend_find("mpi");
+    g->comm = be ? ts_comm_create(be, &cfg) : NULL;
+    if (!g->comm) return ts_last_status();
+    g->s->group = (ts_group){.rank = rank, .world = size, .generation = 1, .leader = rank == 0};
+    g->pending = false;
+    return TS_OK;
+}
+
+void ts_dp_group_drop(ts_dp_group *g) {
+    if (!g->comm) return;
+    ts_comm_abort(g->comm);
+    g->hooks.drop(g->s);
+    ts_comm_free(g->comm);
+    g->comm = NULL;
+}
+
+ts_loader_pos ts_dp_group_position(const ts_dp_group *g) {
+    return g->in_step ? g->step_start : ts_loader_position(g->s->trainer->loader);
+}
+
+ts_status ts_dp_group_regroup(ts_dp_group *g) {
+    for (;;) {
+        ts_dp_group_drop(g);
+        ts_status st = g->mpi_comm ? start_mpi(g) : start_ring(g);
+        if (!st) st = g->hooks.agree(g->s);
+        if (!st) st = ts_trainer_follow_group(g->s->trainer);
+        if (!st || g->mpi_comm) return st;
+        fprintf(stderr, "generation %llu: %s; waiting for the next one\n", (unsigned long long)g->next_generation,
+                ts_last_error());
+        ts_dp_group_look(g);
+        if ((st = ts_dp_group_await(g)) || g->s->finished) return st;
+    }
+}
+
+ts_status ts_dp_group_attach(ts_dp_group *g) {
+    ts_status st = first_generation(g);
+    return st ? st : ts_dp_group_regroup(g);
+}
+
+ts_status ts_dp_group_begin_step(ts_dp_group *g) {
+    if (ts_member_shutdown_requested(g->s->member, NULL, NULL, 0)) {
+        g->s->finished = true;
+        return TS_OK;
+    }
+    ts_dp_group_look(g);
+    g->in_step = false;
+    ts_status st = g->pending ? ts_dp_group_regroup(g) : TS_OK;
+    g->in_step = true;
+    g->step_start = ts_loader_position(g->s->trainer->loader);
+    return st;
+}
+
+ts_status ts_dp_group_grads(ts_dp_group *g, double *loss, int64_t *samples) {
+    ts_trainer *t = g->s->trainer;
+    for (;;) {
+        ts_status st = g->hooks.try_step(g->s, loss, samples);
+        if (!st || g->mpi_comm) return st;
+        if (!g->pending && (st == TS_ERR_SHAPE || st == TS_ERR_DTYPE || st == TS_ERR_MEMORY)) return st;
+        fprintf(stderr, "step %lld abandoned: %s\n", (long long)t->step + 1, ts_last_error());
+        if ((st = ts_dp_group_await(g)) || g->s->finished) return st;
+        if ((st = ts_dp_group_regroup(g))) return st;
+        if (t->step >= t->total_steps) return TS_OK;
+    }
+}
+
+ts_status ts_dp_group_end_step(ts_dp_group *g, int64_t step) {
+    g->in_step = false;
+    return ts_member_step_done(g->s->member, step);
+}

@@ -1,0 +1,850 @@
+/* strategy_fsdp.c - strategy "fsdp": fully-sharded data parallelism, like
+ * PyTorch FSDP and DeepSpeed ZeRO-3.
+ *
+ * The model is cut into units (parallel.fsdp_unit "block": the embedding,
+ * each GPT block, the head, or each MLP/CNN layer; "model": one unit), each
+ * a contiguous range of the flat buffer. Each unit is padded to a multiple
+ * of the shard count and cut into equal shards (sharding/plan.h); rank r
+ * owns shard r of every unit: its f32 master parameters, gradients and
+ * optimizer state (AdamW m and v) live in this strategy's shard buffers,
+ * and the optimizer steps on them only (slices).
+ *
+ * parallel.fsdp_mode, one implementation with three settings:
+ *   full      parameters too are sharded: a unit is all-gathered into its
+ *             range of the model's flat buffer just before its forward (the
+ *             next unit's all-gather runs meanwhile: prefetch), its pages
+ *             are given back after the forward (ts_alloc_decommit), and it
+ *             is gathered again when its backward starts (the previous
+ *             unit prefetched). The first and last units (the GPT
+ *             embedding, whose weight the head reuses, and the head) stay
+ *             gathered from their forward to the end of their backward, as
+ *             PyTorch's root unit.
+ *   grad_op   parameters stay whole: a unit is gathered once per step
+ *             (before its first forward) and never given back.
+ *   no_shard  one shard of everything per rank; gradients are all-reduced
+ *             (DDP); "gathering" is a copy.
+ * The model's gradients are detached (ts_model_detach_grads): backward
+ * gives each parameter its own, and as soon as all of a unit's are final
+ * (grads_ready, on the step's last micro-batch) they are packed and
+ * reduce-scattered (averaged) into the rank's gradient shard while backward
+ * goes on, and released. With bf16 compute the gathers carry bf16 copies
+ * (half the bytes) into the model's bf16 buffer; parallel.wire_dtype bf16
+ * sends the gradients as bf16 (reduced in f32). The global gradient norm
+ * for clipping is summed over the shards with the step's loss.
+ *
+ * Generations (dp_group.h): a new one (a join, a death) abandons the step
+ * in flight. The ranks then agree on their state: when every shard of the
+ * previous generation is alive and all its holders are at one step, the
+ * shards move to the new layout (broadcast per old shard); when one was
+ * lost, every rank reloads the newest checkpoint, resharded (or the seed's
+ * model when there is none), and the job redoes the steps since.
+ * Checkpoints are sharded (fsdp_checkpoint.h): every rank writes its file
+ * into the step's temp folder, the leader commits it once all have.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/alloc.h"
+#include "kernels/autograd.h"
+#include "kernels/io/checkpoint.h"
+#include "kernels/nn/module.h"
+#include "kernels/optim/clip.h"
+#include "sharding/plan.h"
+#include "worker/dp_group.h"
+#include "worker/fsdp_checkpoint.h"
+#include "worker/strategy.h"
+#include "worker/trainer.h"
+
+typedef struct fsdp_strategy fsdp_strategy;
+
+/* This rank's shards of every unit, one after the other (from the
+ * allocator, so its statistics count them). */
+typedef struct {
+    int64_t total;           /* elements (each unit's shard padded) */
+    int slots;               /* optimizer state floats per element */
+    float *params, *grads;   /* [total] */
+    float *state;            /* [slots * total], or NULL */
+    uint16_t *send16;        /* bf16 copy of params (bf16 compute), or NULL */
+} shard_buffers;
+
+/* Zeroed memory from the allocator (bytes > 0), or NULL. */
+static void *zeroed(size_t bytes) {
+    void *p = ts_alloc(bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+/* Allocates b for total elements (zeroed). */
+static ts_status buffers_alloc(shard_buffers *b, int64_t total, int slots, bool bf16) {
+    size_t n = (size_t)total + 1;
+    *b = (shard_buffers){.total = total, .slots = slots};
+    b->params = zeroed(n * sizeof(float));
+    b->grads = zeroed(n * sizeof(float));
+    b->state = slots ? zeroed(n * (size_t)slots * sizeof(float)) : NULL;
+    b->send16 = bf16 ? zeroed(n * sizeof(uint16_t)) : NULL;
+    if (b->params && b->grads && (!slots || b->state) && (!bf16 || b->send16)) return TS_OK;
+    return ts_error(TS_ERR_MEMORY, "fsdp: out of memory for shards of %lld elements", (long long)total);
+}
+
+static void buffers_free(shard_buffers *b) {
+    size_t n = (size_t)b->total + 1;
+    ts_free(b->params, n * sizeof(float));
+    ts_free(b->grads, n * sizeof(float));
+    ts_free(b->state, n * (size_t)b->slots * sizeof(float));
+    ts_free(b->send16, n * sizeof(uint16_t));
+    *b = (shard_buffers){0};
+}
+
+typedef struct {
+    fsdp_strategy *f;
+    int index;
+    int64_t lo, len;         /* range of the flat buffer */
+    int p0, p1;              /* its parameters [p0, p1) */
+    int c0, c1;              /* the root's children that make it [c0, c1) */
+    int64_t shard;           /* elements per shard (padded) */
+    ts_range own;            /* this rank's real elements, relative to lo */
+    int64_t at;              /* where its shard starts in the shard buffers */
+    bool kept;               /* stays gathered from forward to backward's end */
+    bool gathered;           /* the flat range holds this step's values */
+    ts_comm_req *gather;     /* its all-gather in flight */
+    void *staging;           /* the gathered unit, or the gradients sent */
+    size_t staging_bytes;
+    ts_comm_req *reduce;     /* its gradients' reduction in flight */
+    int64_t reduce_order;    /* when it started (reductions so far) */
+    int ready;               /* parameters whose gradients are final */
+} unit;
+
+struct fsdp_strategy {
+    ts_strategy base;
+    ts_dp_group g;
+    ts_job_fsdp_mode mode;
+    ts_job_fsdp_unit policy;
+    bool bf16_wire;
+    unit *units;
+    int n_units;
+    int shards, me;          /* shard count and this rank's shard */
+    shard_buffers b;
+    ts_optim_slice *slices;
+    int n_slices;
+    int *unit_of;            /* per parameter: its unit */
+    double sq_norm;          /* the step's global squared gradient norm */
+    int64_t reductions;      /* reductions started so far */
+    bool sharded;            /* the shard buffers hold the state (else the model does) */
+    int64_t shard_generation; /* the generation the shards were laid out in */
+};
+
+/* ---- units ---- */
+
+/* The parameters [*p0, *p1) of module mod and its descendants. */
+static void module_params(const ts_module *mod, int *p0, int *p1) {
+    if (mod->n_params) {
+        if (mod->param0 < *p0) *p0 = mod->param0;
+        if (mod->param0 + mod->n_params > *p1) *p1 = mod->param0 + mod->n_params;
+    }
+    for (int i = 0; i < mod->n_children; i++) module_params(mod->children[i], p0, p1);
+}
+
+/* Cuts the model into units: the root's children that hold parameters,
+ * each with the children without parameters after it (policy "block"), or
+ * the whole model (policy "model"); the units cover [0, numel). */
+static ts_status make_units(fsdp_strategy *f) {
+    ts_model *m = f->base.trainer->model;
+    ts_module *root = m->root;
+    int n = root->n_children;
+    f->units = calloc((size_t)n + 1, sizeof *f->units);
+    f->unit_of = calloc((size_t)m->n_params + 1, sizeof *f->unit_of);
+    if (!f->units || !f->unit_of) return ts_error(TS_ERR_MEMORY, "fsdp: out of memory for %d units", n);
+    for (int c = 0; c < n; c++) {
+        int p0 = m->n_params, p1 = -1;
+        module_params(root->children[c], &p0, &p1);
+        bool alone = f->policy == TS_FSDP_UNIT_BLOCK || f->n_units == 0;
+        if (p1 > p0 && alone) {
+            f->units[f->n_units++] = (unit){.f = f, .p0 = p0, .p1 = p1, .c0 = c, .c1 = c + 1};
+        } else if (f->n_units) {
+            unit *u = &f->units[f->n_units - 1];
+            u->c1 = c + 1;
+            if (p1 > p0) u->p1 = p1;
+        }
+    }
+    if (!f->n_units) return ts_error(TS_ERR_VALUE, "fsdp: the model has no parameters to shard");
+    for (int k = 0; k < f->n_units; k++) {
+        unit *u = &f->units[k];
+        u->index = k;
+        u->lo = k == 0 ? 0 : m->params[u->p0].offset;
+        int64_t hi = k + 1 < f->n_units ? m->params[f->units[k + 1].p0].offset : m->numel;
+        u->len = hi - u->lo;
+        u->kept = f->mode == TS_FSDP_FULL ? (k == 0 || k == f->n_units - 1) : true;
+        for (int p = u->p0; p < u->p1; p++) f->unit_of[p] = k;
+    }
+    f->units[0].c0 = 0;
+    return TS_OK;
+}
+
+/* Lays the units' shards out for a world of w (this rank r): sizes and
+ * places in the shard buffers, which are (re)allocated zeroed. */
+static ts_status lay_out(fsdp_strategy *f, int w, int r) {
+    ts_model *m = f->base.trainer->model;
+    f->shards = f->mode == TS_FSDP_NO_SHARD ? 1 : w;
+    f->me = f->mode == TS_FSDP_NO_SHARD ? 0 : r;
+    int64_t total = 0;
+    f->n_slices = 0;
+    for (int k = 0; k < f->n_units; k++) {
+        unit *u = &f->units[k];
+        u->shard = ts_plan_shard_len(u->len, f->shards);
+        u->own = ts_plan_shard_range(u->len, f->shards, f->me);
+        u->at = total;
+        total += u->shard;
+    }
+    buffers_free(&f->b);
+    free(f->slices);
+    f->slices = calloc((size_t)f->n_units + 1, sizeof *f->slices);
+    if (!f->slices) return ts_error(TS_ERR_MEMORY, "fsdp: out of memory for %d slices", f->n_units);
+    ts_status st = buffers_alloc(&f->b, total, ts_optim_state_slots(&f->base.trainer->optim),
+                                 m->compute_dtype == TS_BF16);
+    if (st) return st;
+    for (int k = 0; k < f->n_units; k++) {
+        unit *u = &f->units[k];
+        if (!u->own.len) continue;
+        f->slices[f->n_slices++] = (ts_optim_slice){.params = f->b.params + u->at, .grads = f->b.grads + u->at,
+                                                    .state = f->b.state ? f->b.state + u->at : NULL, .stride = f->b.total,
+                                                    .offset = u->lo + u->own.offset, .len = u->own.len};
+    }
+    return TS_OK;
+}
+
+/* The buffer the forward computes with: the bf16 copy or the f32 master. */
+static char *compute_base(const fsdp_strategy *f, size_t *es) {
+    ts_model *m = f->base.trainer->model;
+    bool bf16 = m->compute_dtype == TS_BF16;
+    *es = bf16 ? 2 : 4;
+    return ts_tensor_data(bf16 ? m->flat_params16 : m->flat_params);
+}
+
+/* ---- gathering and giving back ---- */
+
+/* Gives unit u's pages of the compute buffer back (full mode). */
+static void release(unit *u) {
+    if (!u->gathered) return;
+    u->gathered = false;
+    if (u->f->mode != TS_FSDP_FULL) return;
+    size_t es;
+    char *base = compute_base(u->f, &es);
+    ts_alloc_decommit(base + u->lo * es, (size_t)u->len * es);
+}
+
+/* Starts the all-gather of unit u (f32, or bf16 with bf16 compute) into a
+ * staging buffer, unless it is there or on its way. */
+static ts_status start_gather(unit *u) {
+    fsdp_strategy *f = u->f;
+    if (u->gathered || u->gather) return TS_OK;
+    size_t es;
+    compute_base(f, &es);
+    if (f->shards == 1) return TS_OK; /* a copy, made when it is needed */
+    u->staging_bytes = (size_t)(u->shard * f->shards) * es;
+    u->staging = ts_alloc(u->staging_bytes);
+    if (!u->staging) return ts_last_status();
+    const void *send = f->b.params + u->at;
+    if (es == 2) {
+        for (int64_t i = 0; i < u->shard; i++) f->b.send16[u->at + i] = ts_bf16_from_f32(f->b.params[u->at + i]);
+        send = f->b.send16 + u->at;
+    }
+    ts_comm_op op = {.kind = TS_COMM_ALLGATHER, .send = send, .recv = u->staging, .count = u->shard,
+                     .dtype = es == 2 ? TS_BF16 : TS_F32, .step = f->base.trainer->step + 1};
+    return ts_comm_start(f->g.comm, &op, &u->gather);
+}
+
+/* Frees unit u's staging buffer. */
+static void drop_staging(unit *u) {
+    ts_free(u->staging, u->staging_bytes);
+    u->staging = NULL;
+    u->staging_bytes = 0;
+}
+
+/* Makes unit u's range of the compute buffer hold its whole parameters:
+ * waits for its all-gather (started now when it was not) and copies it in. */
+static ts_status gather(unit *u) {
+    fsdp_strategy *f = u->f;
+    if (u->gathered) return TS_OK;
+    ts_status st = start_gather(u);
+    if (!st && u->gather) {
+        st = ts_dp_group_finish(&f->g, u->gather);
+        u->gather = NULL;
+    }
+    size_t es;
+    char *base = compute_base(f, &es);
+    if (!st && f->mode == TS_FSDP_FULL) ts_alloc_recommit(base + u->lo * es, (size_t)u->len * es);
+    if (!st && f->shards == 1 && es == 4) memcpy(base + u->lo * 4, f->b.params + u->at, (size_t)u->len * 4);
+    else if (!st && f->shards == 1)
+        for (int64_t i = 0; i < u->len; i++) ((uint16_t *)base)[u->lo + i] = ts_bf16_from_f32(f->b.params[u->at + i]);
+    else if (!st) memcpy(base + u->lo * es, u->staging, (size_t)u->len * es);
+    drop_staging(u);
+    if (!st) u->gathered = true;
+    return st;
+}
+
+/* ---- the units' hooks ---- */
+
+/* Before a unit's forward: its parameters, and the next unit's on the way. */
+static ts_status before_forward(ts_module *mod, ts_tensor *x, void *ctx) {
+    (void)mod, (void)x;
+    unit *u = ctx;
+    ts_status st = gather(u);
+    if (!st && u->index + 1 < u->f->n_units) st = start_gather(&u->f->units[u->index + 1]);
+    return st;
+}
+
+/* After a unit's forward: gives its parameters back unless they are kept
+ * for its backward (the first and last units in full mode). */
+static ts_status after_forward(ts_module *mod, ts_tensor *y, void *ctx) {
+    (void)mod, (void)y;
+    unit *u = ctx;
+    if (!u->kept) release(u);
+    return TS_OK;
+}
+
+/* After the model's forward without gradients (no backward follows):
+ * nothing stays gathered. */
+static ts_status after_model(ts_module *mod, ts_tensor *y, void *ctx) {
+    (void)mod, (void)y;
+    fsdp_strategy *f = ctx;
+    if (!ts_grad_enabled() && f->mode == TS_FSDP_FULL)
+        for (int k = 0; k < f->n_units; k++) release(&f->units[k]);
+    return TS_OK;
+}
+
+/* When a unit's backward starts: its parameters, the previous unit's on
+ * the way. */
+static ts_status before_backward(ts_module *mod, ts_tensor *g, void *ctx) {
+    (void)mod, (void)g;
+    unit *u = ctx;
+    ts_status st = gather(u);
+    if (!st && u->index > 0) st = start_gather(&u->f->units[u->index - 1]);
+    return st;
+}
+
+/* Hooks every unit's first and last module and the root. */
+static ts_status hook_units(fsdp_strategy *f) {
+    ts_module *root = f->base.trainer->model->root;
+    ts_status st = ts_module_add_hook(root, TS_HOOK_POST_FORWARD, after_model, f);
+    for (int k = 0; !st && k < f->n_units; k++) {
+        unit *u = &f->units[k];
+        ts_module *first = root->children[u->c0], *last = root->children[u->c1 - 1];
+        st = ts_module_add_hook(first, TS_HOOK_PRE_FORWARD, before_forward, u);
+        if (!st) st = ts_module_add_hook(last, TS_HOOK_POST_FORWARD, after_forward, u);
+        if (!st) st = ts_module_add_hook(last, TS_HOOK_PRE_BACKWARD, before_backward, u);
+    }
+    return st;
+}
+
+/* ---- gradients ---- */
+
+/* Packs unit u's parameters' gradients (released as they are taken) and
+ * starts their reduction into the gradient shard: a reduce-scatter, or an
+ * all-reduce with one shard; bf16 on the wire when asked. */
+static ts_status start_reduce(unit *u) {
+    fsdp_strategy *f = u->f;
+    ts_model *m = f->base.trainer->model;
+    int64_t n = u->shard * f->shards;
+    u->staging_bytes = (size_t)n * (sizeof(float) + (f->bf16_wire ? 2 : 0));
+    u->staging = ts_alloc(u->staging_bytes);
+    if (!u->staging) return ts_last_status();
+    float *g = u->staging;
+    memset(g, 0, (size_t)n * sizeof(float));
+    for (int p = u->p0; p < u->p1; p++) {
+        ts_tensor *leaf = m->params[p].value;
+        if (!leaf->grad) continue; /* unused this step: zero */
+        memcpy(g + (m->params[p].offset - u->lo), ts_f32(leaf->grad), (size_t)m->params[p].numel * sizeof(float));
+        ts_tensor_release(leaf->grad);
+        leaf->grad = NULL;
+    }
+    ts_comm_op op = {.kind = f->shards == 1 ? TS_COMM_ALLREDUCE : TS_COMM_REDUCE_SCATTER, .send = g,
+                     .recv = f->shards == 1 ? g : f->b.grads + u->at, .count = u->shard, .dtype = TS_F32,
+                     .op = TS_REDUCE_AVG, .step = f->base.trainer->step + 1};
+    if (f->bf16_wire) {
+        uint16_t *w = (uint16_t *)(g + n);
+        for (int64_t i = 0; i < n; i++) w[i] = ts_bf16_from_f32(g[i]);
+        op.send = w;
+        op.recv = w + (f->shards == 1 ? 0 : (int64_t)f->me * u->shard);
+        op.dtype = TS_BF16;
+    }
+    ts_status st = ts_comm_start(f->g.comm, &op, &u->reduce);
+    if (st) drop_staging(u);
+    return st;
+}
+
+/* Puts unit u's reduced gradients into its gradient shard once its
+ * reduction ended with status st, and frees its staging. */
+static ts_status reduce_done(unit *u, ts_status st) {
+    fsdp_strategy *f = u->f;
+    u->reduce = NULL;
+    float *g = u->staging, *out = f->b.grads + u->at;
+    int64_t n = u->shard * f->shards, mine = (int64_t)f->me * u->shard;
+    if (!st && f->bf16_wire) {
+        const uint16_t *w = (const uint16_t *)(g + n) + (f->shards == 1 ? 0 : mine);
+        for (int64_t i = 0; i < u->shard; i++) out[i] = ts_f32_from_bf16(w[i]);
+    } else if (!st && f->shards == 1) {
+        memcpy(out, g, (size_t)u->shard * sizeof(float));
+    }
+    drop_staging(u);
+    return st;
+}
+
+/* Waits for unit u's reduction, if one is in flight (reduce_done). */
+static ts_status finish_reduce(unit *u) {
+    return u->reduce ? reduce_done(u, ts_dp_group_finish(&u->f->g, u->reduce)) : TS_OK;
+}
+
+/* Each reduction in flight holds a unit of gradients: the ones that ended
+ * are finished, and while more than REDUCES_IN_FLIGHT remain the oldest is
+ * waited for, so backward never holds every unit's gradients at once. */
+#define REDUCES_IN_FLIGHT 2
+static ts_status settle_reduces(fsdp_strategy *f) {
+    ts_status first = TS_OK;
+    for (;;) {
+        int in_flight = 0;
+        unit *oldest = NULL;
+        for (int k = 0; k < f->n_units; k++) {
+            unit *u = &f->units[k];
+            bool done = false;
+            ts_status st = u->reduce ? ts_comm_wait_ms(u->reduce, 0, &done) : TS_OK;
+            if (done) st = reduce_done(u, st);
+            if (st && !first) first = st;
+            if (!u->reduce) continue;
+            in_flight++;
+            if (!oldest || u->reduce_order < oldest->reduce_order) oldest = u;
+        }
+        if (first || in_flight <= REDUCES_IN_FLIGHT) return first;
+        first = finish_reduce(oldest);
+    }
+}
+
+static ts_status fsdp_grads_ready(ts_strategy *s, int64_t offset, int64_t len) {
+    (void)len;
+    fsdp_strategy *f = (fsdp_strategy *)s;
+    ts_model *m = s->trainer->model;
+    int lo = 0, hi = m->n_params - 1;
+    while (lo < hi) { /* the parameter at offset */
+        int mid = (lo + hi + 1) / 2;
+        if (m->params[mid].offset <= offset) lo = mid;
+        else hi = mid - 1;
+    }
+    unit *u = &f->units[f->unit_of[lo]];
+    if (++u->ready < u->p1 - u->p0) return TS_OK;
+    u->reduce_order = ++f->reductions;
+    ts_status st = start_reduce(u);
+    if (!st) st = settle_reduces(f);
+    /* its backward is done: full mode gives the parameters back */
+    if (f->mode == TS_FSDP_FULL) release(u);
+    return st;
+}
+
+/* ---- generations and state ---- */
+
+/* Waits for the units' collectives (the communicator was aborted), frees
+ * staging, gives the gathered units and the parameters' gradients back
+ * (hooks.drop). */
+static void drop_units(ts_strategy *s) {
+    fsdp_strategy *f = (fsdp_strategy *)s;
+    for (int k = 0; k < f->n_units; k++) {
+        unit *u = &f->units[k];
+        if (u->gather) ts_comm_wait(u->gather);
+        if (u->reduce) ts_comm_wait(u->reduce);
+        u->gather = u->reduce = NULL;
+        drop_staging(u);
+        release(u);
+    }
+    if (s->trainer->model) ts_model_zero_grad(s->trainer->model);
+}
+
+/* What each rank brings to a regroup. */
+typedef struct {
+    int64_t generation;     /* of its shards (0: it holds the whole model) */
+    int64_t shard, shards;  /* its shard and the shard count then */
+    int64_t step, total_steps, epoch, offset;
+} rank_state;
+
+/* Cuts this rank's shards out of the model's whole buffers (parameters and
+ * optimizer state). */
+static void cut_shards(fsdp_strategy *f) {
+    ts_model *m = f->base.trainer->model;
+    int slots = ts_optim_state_slots(&f->base.trainer->optim);
+    for (int k = 0; k < f->n_units; k++) {
+        unit *u = &f->units[k];
+        int64_t from = u->lo + u->own.offset;
+        memcpy(f->b.params + u->at, ts_f32(m->flat_params) + from, (size_t)u->own.len * sizeof(float));
+        for (int j = 0; m->state && j < slots; j++)
+            memcpy(f->b.state + j * f->b.total + u->at, m->state + j * m->numel + from, (size_t)u->own.len * sizeof(float));
+    }
+}
+
+/* Moves the shards of the previous generation (held by the ranks whose
+ * states say so) into the new layout: per unit and old shard q, its holder
+ * broadcasts parameters and state, and each rank keeps its part. */
+static ts_status move_shards(fsdp_strategy *f, const rank_state *all, int world, int old_shards) {
+    int slots = ts_optim_state_slots(&f->base.trainer->optim);
+    /* the old layout, before lay_out replaces it: each holder's own buffers */
+    shard_buffers old = f->b;
+    f->b = (shard_buffers){0};
+    int64_t *old_at = calloc((size_t)f->n_units + 1, sizeof *old_at);
+    if (!old_at) {
+        buffers_free(&old);
+        return ts_error(TS_ERR_MEMORY, "fsdp: out of memory moving shards");
+    }
+    int64_t at = 0;
+    for (int k = 0; k < f->n_units; k++) {
+        old_at[k] = at;
+        at += ts_plan_shard_len(f->units[k].len, old_shards);
+    }
+    int holder[1024];
+    for (int q = 0; q < old_shards && q < 1024; q++)
+        for (int r = 0; r < world; r++)
+            if (all[r].generation && all[r].shard == q) holder[q] = r;
+    ts_status st = lay_out(f, world, f->base.group.rank);
+    for (int k = 0; !st && k < f->n_units; k++) {
+        unit *u = &f->units[k];
+        int64_t olen = ts_plan_shard_len(u->len, old_shards);
+        float *buf = malloc((size_t)(olen * (1 + slots) + 1) * sizeof(float));
+        if (!buf) st = ts_error(TS_ERR_MEMORY, "fsdp: out of memory moving unit %d", k);
+        for (int q = 0; !st && q < old_shards; q++) {
+            ts_range real = ts_plan_shard_range(u->len, old_shards, q);
+            if (!real.len) continue;
+            if (holder[q] == f->base.group.rank) {
+                memcpy(buf, old.params + old_at[k], (size_t)real.len * sizeof(float));
+                for (int j = 0; j < slots; j++)
+                    memcpy(buf + (1 + j) * olen, old.state + j * old.total + old_at[k], (size_t)real.len * sizeof(float));
+            }
+            ts_member_info info;
+            ts_member_info_get(f->base.member, &info);
+            ts_comm_op op = {.kind = TS_COMM_BROADCAST, .send = buf, .recv = buf, .count = olen * (1 + slots),
+                             .dtype = TS_F32, .peer = holder[q], .step = f->base.trainer->step,
+                             .timeout_ms = (int)info.barrier_timeout_ms};
+            st = ts_dp_group_run(&f->g, &op);
+            /* the part of old shard q in this rank's new shard */
+            int64_t a = real.offset, b = real.offset + real.len;
+            int64_t x = a > u->own.offset ? a : u->own.offset, y = b < u->own.offset + u->own.len ? b : u->own.offset + u->own.len;
+            if (!st && y > x) {
+                memcpy(f->b.params + u->at + (x - u->own.offset), buf + (x - a), (size_t)(y - x) * sizeof(float));
+                for (int j = 0; j < slots; j++)
+                    memcpy(f->b.state + j * f->b.total + u->at + (x - u->own.offset), buf + (1 + j) * olen + (x - a),
+                           (size_t)(y - x) * sizeof(float));
+            }
+        }
+        free(buf);
+    }
+    buffers_free(&old);
+    free(old_at);
+    return st;
+}
+
+/* The newest checkpoint of the run, resharded into this rank's shards, or
+ * the model the job's seed builds when there is none; *from gets its step
+ * and position. */
+static ts_status reload(fsdp_strategy *f, rank_state *from) {
+    ts_trainer *t = f->base.trainer;
+    char root[1100], dir[1200];
+    int64_t step = -1;
+    snprintf(root, sizeof root, "%s/checkpoints", t->run_dir);
+    ts_status st = t->run_dir[0] ? ts_checkpoint_latest(root, dir, sizeof dir, &step) : TS_OK;
+    if (st) return st;
+    if (step < 0) { /* no checkpoint: the seed's model at step 0 */
+        ts_model *seed = ts_model_build(&t->spec, 0, -1, ts_key_from_seed((uint64_t)t->job.seed), TS_F32);
+        if (!seed) return ts_last_status();
+        for (int k = 0; k < f->n_units; k++) {
+            unit *u = &f->units[k];
+            memcpy(f->b.params + u->at, ts_f32(seed->flat_params) + u->lo + u->own.offset, (size_t)u->own.len * 4);
+        }
+        ts_model_free(seed);
+        if (f->b.state) memset(f->b.state, 0, (size_t)f->b.total * (size_t)ts_optim_state_slots(&t->optim) * sizeof(float));
+        from->step = 0;
+        from->epoch = from->offset = 0;
+        printf("fsdp: a shard was lost and no checkpoint was kept: starting again from the seed\n");
+        return TS_OK;
+    }
+    ts_checkpoint *ck = ts_checkpoint_open(dir);
+    if (!ck) return ts_last_status();
+    ts_fsdp_layout l;
+    bool sharded;
+    st = ts_fsdp_layout_read(ck, &l, &sharded);
+    if (!st && !sharded) st = ts_error(TS_ERR_FORMAT, "fsdp: checkpoint %s is not sharded", dir);
+    for (int k = 0; !st && k < f->n_units; k++) {
+        unit *u = &f->units[k];
+        st = ts_fsdp_read_range(ck, &l, u->lo + u->own.offset, u->own.len, f->b.params + u->at,
+                                f->b.state ? f->b.state + u->at : NULL, f->b.total);
+    }
+    if (!st) {
+        from->step = ck->step;
+        from->epoch = ck->loader.epoch;
+        from->offset = ck->loader.offset;
+        printf("fsdp: a shard was lost: every rank reloads checkpoint %s (step %lld) at world size %d\n", dir,
+               (long long)ck->step, f->base.group.world);
+    }
+    if (sharded) ts_fsdp_layout_free(&l);
+    ts_checkpoint_close(ck);
+    return st;
+}
+
+/* Brings the ranks of the new generation to one state: shards cut from the
+ * whole model everybody holds at one step, moved from the previous
+ * generation's holders, or reloaded (hooks.agree). */
+static ts_status agree(ts_strategy *s) {
+    fsdp_strategy *f = (fsdp_strategy *)s;
+    ts_trainer *t = s->trainer;
+    int world = s->group.world, me = s->group.rank;
+    ts_loader_pos pos = ts_dp_group_position(&f->g);
+    rank_state mine = {.generation = f->sharded ? f->shard_generation : 0, .shard = f->me, .shards = f->shards,
+                       .step = t->step, .total_steps = t->total_steps, .epoch = pos.epoch, .offset = pos.offset};
+    rank_state *all = calloc((size_t)world, sizeof *all);
+    if (!all) return ts_error(TS_ERR_MEMORY, "fsdp: out of memory for %d ranks' states", world);
+    enum { N = sizeof(rank_state) / sizeof(int64_t) };
+    ts_status st = ts_dp_group_meet(&f->g, TS_COMM_ALLGATHER, &mine, all, N, TS_I64);
+    int64_t newest = 0;
+    for (int r = 0; r < world; r++)
+        if (all[r].generation > newest) newest = all[r].generation;
+    /* who holds what: the whole model at one step (a start), or every shard
+     * of the newest generation at one step */
+    bool whole = true, complete = newest > 0, same = true;
+    int old_shards = 0, first = -1;
+    bool seen[1024] = {0};
+    for (int r = 0; r < world; r++) {
+        if (all[r].generation != newest) continue;
+        if (first < 0) first = r;
+        same = same && all[r].step == all[first].step;
+        whole = whole && all[r].generation == 0;
+        old_shards = (int)all[r].shards;
+        if (newest && all[r].shard >= 0 && all[r].shard < 1024) seen[all[r].shard] = true;
+    }
+    for (int q = 0; complete && q < old_shards; q++) complete = q < 1024 && seen[q];
+    complete = complete && old_shards <= 1024;
+    whole = whole && first >= 0 && same;
+    rank_state from = first >= 0 ? all[first] : mine;
+    if (!st && newest == 0 && !whole) st = ts_error(TS_ERR_STATE, "fsdp: the ranks start from different steps");
+    if (!st && whole) {
+        st = lay_out(f, world, me);
+        if (!st) cut_shards(f);
+    } else if (!st && complete && same) {
+        st = move_shards(f, all, world, old_shards);
+    } else if (!st) {
+        st = lay_out(f, world, me);
+        if (!st) st = reload(f, &from);
+    }
+    free(all);
+    if (!st) st = ts_dp_group_meet(&f->g, TS_COMM_BARRIER, NULL, NULL, 0, TS_U8);
+    if (st) return st;
+    f->sharded = true;
+    f->shard_generation = (int64_t)f->base.group.generation;
+    t->step = from.step;
+    t->total_steps = from.total_steps ? from.total_steps : t->total_steps;
+    f->g.step_start = (ts_loader_pos){from.epoch, from.offset};
+    st = ts_loader_set_position(t->loader, f->g.step_start);
+    /* the model's whole copies are no longer used: their pages go */
+    ts_model *m = t->model;
+    if (!st && m->state) st = ts_model_alloc_state(m, 0);
+    return st;
+}
+
+/* Gives back the model's buffers that sharding leaves unused: the flat
+ * gradients (detached), the f32 master with bf16 compute, and in full mode
+ * the compute buffer (gathered unit by unit). */
+static void give_back_model(fsdp_strategy *f) {
+    ts_model *m = f->base.trainer->model;
+    ts_alloc_decommit(ts_tensor_data(m->flat_grads), ts_tensor_nbytes(m->flat_grads));
+    if (m->flat_grads16) ts_alloc_decommit(ts_tensor_data(m->flat_grads16), ts_tensor_nbytes(m->flat_grads16));
+    if (f->mode != TS_FSDP_FULL) return;
+    if (m->compute_dtype == TS_BF16) ts_alloc_decommit(ts_tensor_data(m->flat_params), ts_tensor_nbytes(m->flat_params));
+    size_t es;
+    char *base = compute_base(f, &es);
+    for (int k = 0; k < f->n_units; k++) ts_alloc_decommit(base + f->units[k].lo * es, (size_t)f->units[k].len * es);
+}
+
+/* ---- the hooks ---- */
+
+static ts_status fsdp_attach(ts_strategy *s) {
+    fsdp_strategy *f = (fsdp_strategy *)s;
+    ts_model *m = s->trainer->model;
+    ts_status st = make_units(f);
+    if (!st) st = hook_units(f);
+    if (st) return st;
+    ts_model_detach_grads(m);
+    s->shared_forward = f->mode != TS_FSDP_NO_SHARD;
+    if ((st = ts_dp_group_attach(&f->g))) return st;
+    give_back_model(f);
+    return TS_OK;
+}
+
+static ts_status fsdp_begin_step(ts_strategy *s, int64_t step) {
+    (void)step;
+    return ts_dp_group_begin_step(&((fsdp_strategy *)s)->g);
+}
+
+/* One try at the step's gradient shards, the loss and samples summed over
+ * the ranks and the global squared gradient norm (hooks.try_step). */
+static ts_status try_step(ts_strategy *s, double *loss, int64_t *samples) {
+    fsdp_strategy *f = (fsdp_strategy *)s;
+    for (int k = 0; k < f->n_units; k++) f->units[k].ready = 0;
+    ts_status st = ts_trainer_grads(s->trainer, loss, samples);
+    ts_status waited = TS_OK;
+    for (int k = 0; k < f->n_units; k++) {
+        ts_status w = finish_reduce(&f->units[k]);
+        if (w && !waited) waited = w;
+    }
+    if (st) return st;
+    if (waited) return waited;
+    double sq = 0;
+    for (int i = 0; i < f->n_slices; i++) sq += ts_clip_sq_norm(f->slices[i].grads, f->slices[i].len);
+    double sums[3] = {*loss, (double)*samples, f->shards == 1 ? 0 : sq};
+    ts_comm_op op = {.kind = TS_COMM_ALLREDUCE, .send = sums, .recv = sums, .count = 3, .dtype = TS_F64,
+                     .op = TS_REDUCE_SUM, .step = s->trainer->step + 1};
+    st = ts_dp_group_run(&f->g, &op);
+    *loss = sums[0] / s->group.world;
+    *samples = (int64_t)sums[1];
+    f->sq_norm = f->shards == 1 ? sq : sums[2];
+    return st;
+}
+
+static ts_status fsdp_grads(ts_strategy *s, double *loss, int64_t *samples) {
+    return ts_dp_group_grads(&((fsdp_strategy *)s)->g, loss, samples);
+}
+
+static void fsdp_slices(ts_strategy *s, const ts_optim_slice **slices, int *n) {
+    fsdp_strategy *f = (fsdp_strategy *)s;
+    *slices = f->slices;
+    *n = f->n_slices;
+}
+
+/* The global norm was summed with the step's loss (a collective here could
+ * not be redone when a peer dies). */
+static ts_status fsdp_reduce_sq_norm(ts_strategy *s, double local, double *global) {
+    (void)local;
+    *global = ((fsdp_strategy *)s)->sq_norm;
+    return TS_OK;
+}
+
+static ts_status fsdp_reduce_sums(ts_strategy *s, double *v, int n) {
+    fsdp_strategy *f = (fsdp_strategy *)s;
+    return ts_comm_allreduce(f->g.comm, v, v, n, TS_F64, TS_REDUCE_SUM);
+}
+
+/* After the optimizer step the shards changed: every gathered copy is old. */
+static ts_status fsdp_end_step(ts_strategy *s, int64_t step) {
+    fsdp_strategy *f = (fsdp_strategy *)s;
+    for (int k = 0; k < f->n_units; k++) release(&f->units[k]);
+    /* bf16 compute: the optimizer's sync of the bf16 copy wrote the whole
+     * compute buffer, whose units are given back: let their pages go */
+    size_t es;
+    char *base = compute_base(f, &es);
+    for (int k = 0; f->mode == TS_FSDP_FULL && es == 2 && k < f->n_units; k++) {
+        ts_alloc_recommit(base + f->units[k].lo * es, (size_t)f->units[k].len * es);
+        ts_alloc_decommit(base + f->units[k].lo * es, (size_t)f->units[k].len * es);
+    }
+    return ts_dp_group_end_step(&f->g, step);
+}
+
+/* The leader's commit once every rank wrote its file: the checkpoint of
+ * step t->step with the shard files as its parts and l as its layout. */
+static ts_status commit(ts_trainer *t, const char *root, const ts_fsdp_layout *l, char *path, size_t cap) {
+    char *extra = ts_fsdp_layout_json(l);
+    const char **parts = calloc((size_t)l->world + 1, sizeof *parts);
+    char (*names)[64] = calloc((size_t)l->world + 1, sizeof *names);
+    ts_status st = extra ? TS_OK : ts_last_status();
+    if (!st && (!parts || !names)) st = ts_error(TS_ERR_MEMORY, "fsdp: out of memory saving");
+    for (int r = 0; !st && r < l->world; r++) {
+        ts_fsdp_shard_name(r, names[r], sizeof names[r]);
+        parts[r] = names[r];
+    }
+    ts_checkpoint_data d = {.step = t->step, .loader = ts_loader_position(t->loader), .config = t->job_text,
+                            .extra = extra, .n_parts = l->world, .parts = parts};
+    if (!st) st = ts_checkpoint_save(root, &d, t->job.train.keep_checkpoints, path, cap);
+    free(parts);
+    free(names);
+    free(extra);
+    return st;
+}
+
+/* Every rank writes its shard file into the step's temp folder (named by
+ * the leader's pid); once all did, the leader commits the checkpoint. When
+ * a collective of the save fails (the world changes under it), the
+ * checkpoint is abandoned, not the run: the next step regroups. */
+static ts_status fsdp_save(ts_strategy *s, char *path, size_t cap) {
+    fsdp_strategy *f = (fsdp_strategy *)s;
+    ts_trainer *t = s->trainer;
+    if (cap) path[0] = '\0';
+    char root[1100], tmp[1200];
+    snprintf(root, sizeof root, "%s/checkpoints", t->run_dir);
+    int64_t owner = s->group.leader ? (int64_t)getpid() : 0;
+    ts_status lost = ts_dp_group_meet(&f->g, TS_COMM_BROADCAST, &owner, &owner, 1, TS_I64);
+    ts_fsdp_layout l = {.world = f->shards, .slots = ts_optim_state_slots(&t->optim), .numel = t->model->numel,
+                        .n_units = f->n_units, .units = calloc((size_t)f->n_units + 1, sizeof(ts_range))};
+    int64_t *at = calloc((size_t)f->n_units + 1, sizeof *at);
+    ts_status st = l.units && at ? TS_OK : ts_error(TS_ERR_MEMORY, "fsdp: out of memory saving");
+    for (int k = 0; !st && k < f->n_units; k++) {
+        l.units[k] = (ts_range){f->units[k].lo, f->units[k].len};
+        at[k] = f->units[k].at;
+    }
+    if (!st && !lost) st = ts_checkpoint_temp_dir(root, t->step, (long)owner, tmp, sizeof tmp);
+    if (!st && !lost && (f->shards > 1 || s->group.leader))
+        st = ts_fsdp_write_shard(tmp, &l, f->me, t->step, f->b.params, f->b.state, f->b.total, at);
+    /* everybody's outcome: the leader commits only a complete folder */
+    double fails = st != TS_OK;
+    if (!lost) lost = ts_dp_group_meet(&f->g, TS_COMM_ALLREDUCE, &fails, &fails, 1, TS_F64);
+    if (!st && !lost && fails > 0)
+        st = ts_error(TS_ERR_IO, "fsdp: a rank could not write its shard of step %lld", (long long)t->step);
+    if (!st && !lost && s->group.leader) st = commit(t, root, &l, path, cap);
+    free(l.units);
+    free(at);
+    /* the others wait for the commit, so the checkpoint exists when they go on */
+    int64_t ok = st == TS_OK;
+    if (!lost) lost = ts_dp_group_meet(&f->g, TS_COMM_BROADCAST, &ok, &ok, 1, TS_I64);
+    if (lost) {
+        fprintf(stderr, "checkpoint of step %lld abandoned: %s\n", (long long)t->step, ts_last_error());
+        if (cap) path[0] = '\0';
+        return TS_OK;
+    }
+    if (!st && !ok) st = ts_error(TS_ERR_IO, "fsdp: the leader could not commit the checkpoint of step %lld",
+                                  (long long)t->step);
+    return st;
+}
+
+static void fsdp_free(ts_strategy *s) {
+    fsdp_strategy *f = (fsdp_strategy *)s;
+    ts_dp_group_close(&f->g);
+    free(f->units);
+    free(f->unit_of);
+    buffers_free(&f->b);
+    free(f->slices);
+    free(f);
+}
+
+static const ts_strategy_ops fsdp_ops = {
+    .units = ts_strategy_all_units,
+    .attach = fsdp_attach,
+    .begin_step = fsdp_begin_step,
+    .grads = fsdp_grads,
+    .grads_ready = fsdp_grads_ready,
+    .slices = fsdp_slices,
+    .reduce_sq_norm = fsdp_reduce_sq_norm,
+    .reduce_sums = fsdp_reduce_sums,
+    .end_step = fsdp_end_step,
+    .save = fsdp_save,
+    .load = ts_strategy_load_whole, /* before attach: the whole model, cut by attach */
+    .free = fsdp_free,
+};
+
+ts_strategy *ts_strategy_fsdp_new(const ts_strategy_options *o) {
+    fsdp_strategy *f = calloc(1, sizeof *f);
+    if (!f) {
+        ts_error(TS_ERR_MEMORY, "strategy fsdp: out of memory");
+        return NULL;
+    }
+    f->base.ops = &fsdp_ops;
+    f->mode = o->job->parallel.fsdp_mode;
+    f->policy = o->job->parallel.fsdp_unit;
+    f->bf16_wire = o->job->parallel.wire_dtype == TS_WIRE_BF16;
+    static const ts_dp_group_hooks hooks = {.drop = drop_units, .agree = agree, .try_step = try_step};
+    if (ts_dp_group_open(&f->g, &f->base, "fsdp", o, &hooks)) {
+        free(f);
+        return NULL;
+    }
+    return &f->base;
+}
