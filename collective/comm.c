@@ -32,6 +32,7 @@ struct ts_comm {
     int in_flight;            /* queued or running */
     bool stopping, thread_started;
     _Atomic bool aborted;
+    _Atomic uint64_t sent;    /* payload bytes the backend counted */
     pthread_t thread;
     ts_status failed;         /* sticky: the first failure */
     char failed_message[1024];
@@ -361,3 +362,7 @@ void ts_comm_finish_avg(void *buf, int64_t n, ts_dtype dt, int size) {
         for (int64_t i = 0; i < n; i++) b[i] = ts_bf16_from_f32(ts_f32_from_bf16(b[i]) / (float)size);
     }
 }
+
+uint64_t ts_comm_sent_bytes(const ts_comm *c) { return c ? c->sent : 0; }
+
+void ts_comm_count_sent(ts_comm *c, uint64_t bytes) { c->sent += bytes; }

@@ -135,6 +135,10 @@ ts_status ts_comm_send(ts_comm *c, const void *buf, int64_t count, ts_dtype dt, 
 ts_status ts_comm_recv(ts_comm *c, void *buf, int64_t count, ts_dtype dt, int peer);
 ts_status ts_comm_barrier(ts_comm *c);
 
+/* Payload bytes this rank sent over c so far, as its backend counts them
+ * (the ring counts every chunk; a backend that does not count says 0). */
+uint64_t ts_comm_sent_bytes(const ts_comm *c);
+
 /* "allreduce", "send", ... */
 const char *ts_comm_kind_name(ts_comm_kind k);
 
@@ -142,6 +146,7 @@ const char *ts_comm_kind_name(ts_comm_kind k);
  * ts_comm_abort was called (a backend's run checks it while it waits). */
 const ts_comm_config *ts_comm_config_of(const ts_comm *c);
 bool ts_comm_aborted(const ts_comm *c);
+void ts_comm_count_sent(ts_comm *c, uint64_t bytes); /* adds to ts_comm_sent_bytes */
 void *ts_comm_impl(const ts_comm *c);
 void ts_comm_set_impl(ts_comm *c, void *impl);
 

@@ -414,6 +414,7 @@ static ts_status send_chunk(ts_comm *c, ring *rg, const ts_comm_op *op, const fl
     ts_status st = ts_proto_msg_set_ranges(&h, &range, 1);
     ts_proto_payload p = {buf + (size_t)s.lo * esize, (size_t)s.n * esize, NULL, NULL};
     if (!st) st = ts_proto_send(rg->out[f->to], NULL, &h, &p, 1, ZMQ_DONTWAIT);
+    if (!st) ts_comm_count_sent(c, (uint64_t)s.n * esize);
     ts_proto_msg_free(&h);
     return st;
 }

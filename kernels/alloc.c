@@ -5,7 +5,9 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "kernels/status.h"
@@ -321,4 +323,23 @@ void ts_alloc_empty_cache(void) {
     }
     large_empty();
     pthread_mutex_unlock(&lock);
+}
+
+void ts_alloc_rss(size_t *now, size_t *peak) {
+    *now = *peak = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (sscanf(line, "VmRSS: %llu kB", &kb) == 1) *now = (size_t)kb << 10;
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) *peak = (size_t)kb << 10;
+    }
+    if (f) fclose(f);
+}
+
+void ts_alloc_reset_rss_peak(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return;
+    fputs("5", f);
+    fclose(f);
 }

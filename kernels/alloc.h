@@ -52,6 +52,15 @@ size_t ts_alloc_decommit(void *ptr, size_t nbytes);
  * again (they read as zeros until written). */
 void ts_alloc_recommit(void *ptr, size_t nbytes);
 
+/* The process's resident set: now and its peak since the last
+ * ts_alloc_reset_rss_peak (VmRSS, VmHWM of /proc/self/status; 0 where
+ * unreadable). */
+void ts_alloc_rss(size_t *now, size_t *peak);
+
+/* Sets the resident peak to the current resident set (Linux's
+ * /proc/self/clear_refs "5"); a no-op where it cannot. */
+void ts_alloc_reset_rss_peak(void);
+
 /* Returns cached memory to the system: small blocks and wholly free
  * segments are freed, the pages of free blocks inside used segments
  * released (madvise MADV_DONTNEED). */

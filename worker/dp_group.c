@@ -214,6 +214,7 @@ ts_status ts_dp_group_begin_step(ts_dp_group *g) {
     ts_status st = g->pending ? ts_dp_group_regroup(g) : TS_OK;
     g->in_step = true;
     g->step_start = ts_loader_position(g->s->trainer->loader);
+    g->sent_at_start = ts_comm_sent_bytes(g->comm);
     return st;
 }
 
@@ -232,5 +233,7 @@ ts_status ts_dp_group_grads(ts_dp_group *g, double *loss, int64_t *samples) {
 
 ts_status ts_dp_group_end_step(ts_dp_group *g, int64_t step) {
     g->in_step = false;
+    uint64_t now = ts_comm_sent_bytes(g->comm);
+    if (now >= g->sent_at_start) g->s->times.sent_bytes = now - g->sent_at_start; /* one communicator all step */
     return ts_member_step_done(g->s->member, step);
 }

@@ -48,6 +48,7 @@ typedef struct {
     /* the step in flight: where its data started */
     bool in_step;
     ts_loader_pos step_start;
+    uint64_t sent_at_start; /* the communicator's sent bytes when the step began */
 } ts_dp_group;
 
 /* Opens the port of o's job (ts_ring_port_for_job, tagged what) and puts
@@ -106,7 +107,8 @@ ts_status ts_dp_group_begin_step(ts_dp_group *g);
  * (shape, dtype, memory) is returned. */
 ts_status ts_dp_group_grads(ts_dp_group *g, double *loss, int64_t *samples);
 
-/* end_step: the step is done (the scheduler is told). */
+/* end_step: the step is done (the scheduler is told); the payload sent
+ * during it goes to s->times.sent_bytes. */
 ts_status ts_dp_group_end_step(ts_dp_group *g, int64_t step);
 
 /* Aborts and frees the communicator (after hooks.drop). */

@@ -106,10 +106,11 @@ void ts_metrics_step(FILE *jsonl, const ts_step_stats *s, int64_t total_steps) {
     if (!jsonl) return;
     fprintf(jsonl,
             "{\"kind\":\"step\",\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"step_ms\":%.3f,"
-            "\"samples_per_s\":%.1f,\"tokens_per_s\":%.1f,\"mem_bytes\":%zu,\"peak_bytes\":%zu,"
-            "\"push_ms\":%.3f,\"pull_ms\":%.3f,\"wait_ms\":%.3f}\n",
+            "\"samples_per_s\":%.1f,\"tokens_per_s\":%.1f,\"mem_bytes\":%zu,\"peak_bytes\":%zu,\"rss_peak_bytes\":%zu,"
+            "\"push_ms\":%.3f,\"pull_ms\":%.3f,\"wait_ms\":%.3f,\"sent_bytes\":%llu}\n",
             (long long)s->step, s->loss, s->lr, s->grad_norm, s->step_ms, s->samples_per_s, s->tokens_per_s,
-            s->mem_bytes, s->peak_bytes, c->push_ms, c->pull_ms, c->wait_ms);
+            s->mem_bytes, s->peak_bytes, s->rss_peak_bytes, c->push_ms, c->pull_ms, c->wait_ms,
+            (unsigned long long)c->sent_bytes);
     fflush(jsonl);
 }
 

@@ -78,6 +78,7 @@ typedef struct {
     double push_ms; /* sending gradients */
     double pull_ms; /* waiting for parameters */
     double wait_ms; /* waiting for the other workers */
+    uint64_t sent_bytes; /* payload this process sent to its peers */
 } ts_comm_times;
 
 typedef struct {

@@ -242,7 +242,7 @@ static ts_status ps_end_step(ts_strategy *s, int64_t step) {
         d->reported = step;
     }
     ts_ps_times tm = ts_ps_client_times(d->c);
-    s->times = (ts_comm_times){tm.push_ms, tm.pull_ms, tm.wait_ms};
+    s->times = (ts_comm_times){.push_ms = tm.push_ms, .pull_ms = tm.pull_ms, .wait_ms = tm.wait_ms};
     return st;
 }
 

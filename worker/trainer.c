@@ -374,6 +374,7 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s) {
     double t0 = ts_clock_ms();
     int64_t samples = 0;
     ts_alloc_reset_peak();
+    ts_alloc_reset_rss_peak();
     sg->times = (ts_comm_times){0};
     ts_status st = sg->ops->begin_step(sg, t->step);
     if (st || sg->finished) return st;
@@ -396,6 +397,8 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s) {
     ts_alloc_stats a = ts_alloc_get_stats();
     s->mem_bytes = a.allocated;
     s->peak_bytes = a.peak;
+    size_t rss;
+    ts_alloc_rss(&rss, &s->rss_peak_bytes);
     return TS_OK;
 }
 

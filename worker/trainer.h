@@ -33,6 +33,7 @@ typedef struct {
     double tokens_per_s;   /* GPT only, else 0 */
     size_t mem_bytes;      /* allocator bytes in use */
     size_t peak_bytes;
+    size_t rss_peak_bytes; /* resident set's peak during the step */
     ts_comm_times comm;    /* the strategy's communication; the rest of step_ms computes */
 } ts_step_stats;
 

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/alloc.h"
 #include "kernels/autograd.h"
 #include "kernels/nn/module.h"
 #include "kernels/ops/view.h"
@@ -24,6 +25,13 @@ ts_model *ts_model_new(void) {
 
 static void drop_compute(ts_model *m);
 
+/* Frees the optimizer state (from the allocator, so its statistics count it). */
+static void free_state(ts_model *m) {
+    ts_free(m->state, (size_t)m->n_state * (size_t)m->numel * sizeof(float));
+    m->state = NULL;
+    m->n_state = 0;
+}
+
 void ts_model_free(ts_model *m) {
     if (!m) return;
     ts_module_free(m->root);
@@ -32,7 +40,7 @@ void ts_model_free(ts_model *m) {
     free(m->params);
     ts_tensor_release(m->flat_params);
     ts_tensor_release(m->flat_grads);
-    free(m->state);
+    free_state(m);
     free(m);
 }
 
@@ -302,12 +310,12 @@ void ts_model_detach_grads(ts_model *m) {
 
 
 ts_status ts_model_alloc_state(ts_model *m, int k) {
-    free(m->state);
-    m->state = NULL;
-    m->n_state = 0;
+    free_state(m);
     if (k <= 0) return TS_OK;
-    m->state = calloc((size_t)k * (size_t)m->numel, sizeof(float));
+    size_t bytes = (size_t)k * (size_t)m->numel * sizeof(float);
+    m->state = ts_alloc(bytes);
     if (!m->state) return ts_error(TS_ERR_MEMORY, "model: out of memory for %d x %lld optimizer state", k, (long long)m->numel);
+    memset(m->state, 0, bytes);
     m->n_state = k;
     return TS_OK;
 }
