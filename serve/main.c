@@ -73,7 +73,7 @@ static long number(const char *flag, const char *v, long lo, long hi) {
 }
 
 typedef struct {
-    char *specs[MAX_MODELS];
+    const char *specs[MAX_MODELS];
     int n_models;
     const char *token_file, *cert_file, *key_file;
     ts_serve_config cfg;
@@ -105,7 +105,7 @@ static int parse(int argc, char **argv, options *o) {
                 fprintf(stderr, "tessera-serve: at most %d models\n", MAX_MODELS);
                 return -1;
             }
-            o->specs[o->n_models++] = (char *)v;
+            o->specs[o->n_models++] = v;
         } else if (!strcmp(f, "--token-file")) o->token_file = v;
         else if (!strcmp(f, "--tls-cert")) o->cert_file = v;
         else if (!strcmp(f, "--tls-key")) o->key_file = v;
@@ -135,10 +135,11 @@ static int parse(int argc, char **argv, options *o) {
 }
 
 /* Loads "NAME=PATH[:JOB]". */
-static ts_serve_model *load_model(char *spec, const ts_serve_batching *b) {
-    char *eq = strchr(spec, '=');
+static ts_serve_model *load_model(const char *arg, const ts_serve_batching *b) {
+    char spec[2 * PATH_MAX];
+    char *eq = snprintf(spec, sizeof spec, "%s", arg) < (int)sizeof spec ? strchr(spec, '=') : NULL;
     if (!eq || eq == spec || !eq[1]) {
-        fprintf(stderr, "tessera-serve: --model %s: expected NAME=CHECKPOINT_DIR or NAME=WEIGHTS:JOB.json\n", spec);
+        fprintf(stderr, "tessera-serve: --model %s: expected NAME=CHECKPOINT_DIR or NAME=WEIGHTS:JOB.json\n", arg);
         return NULL;
     }
     *eq = '\0';
