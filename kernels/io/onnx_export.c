@@ -89,19 +89,13 @@ static Onnx__AttributeProto *attr_new(builder *b, const char *name, Onnx__Attrib
 
 static Onnx__AttributeProto *attr_int(builder *b, const char *name, int64_t v) {
     Onnx__AttributeProto *a = attr_new(b, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT);
-    if (a) {
-        a->has_i = 1;
-        a->i = v;
-    }
+    if (a) a->has_i = 1, a->i = v;
     return a;
 }
 
 static Onnx__AttributeProto *attr_float(builder *b, const char *name, float v) {
     Onnx__AttributeProto *a = attr_new(b, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT);
-    if (a) {
-        a->has_f = 1;
-        a->f = v;
-    }
+    if (a) a->has_f = 1, a->f = v;
     return a;
 }
 

@@ -216,8 +216,9 @@ static ts_status match_entries(const ts_model *m, const ts_safetensors *st, cons
             if (strcmp(m->params[i].name, name) == 0) p = i;
         if (p < 0) {
             if (!strict) continue;
-            return ts_error(TS_ERR_VALUE, "init_from %s: tensor '%s' (model name '%s') is not a parameter of the model",
-                            st->path, e->name, name);
+            return ts_error(TS_ERR_VALUE, "init_from %s: tensor '%s'%s%s%s is not a parameter of the model", st->path,
+                            e->name, strcmp(name, e->name) ? " (mapped to '" : "", strcmp(name, e->name) ? name : "",
+                            strcmp(name, e->name) ? "')" : "");
         }
         if (src[p].entry >= 0)
             return ts_error(TS_ERR_VALUE, "init_from %s: tensors '%s' and '%s' both give parameter '%s'", st->path,

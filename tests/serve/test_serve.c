@@ -29,6 +29,7 @@
 
 #include "kernels/autograd.h"
 #include "kernels/clock.h"
+#include "kernels/io/checkpoint.h"
 #include "kernels/io/safetensors.h"
 #include "kernels/nn/generate.h"
 #include "proto/job_model.h"
@@ -63,6 +64,14 @@ static ts_model *make_weights(const char *job, const char *const *sets, int nset
     char path[256];
     snprintf(path, sizeof path, "%s/%s.safetensors", dir, tag);
     assert_int_equal(ts_safetensors_write(path, m->n_params, names, values, 0, NULL, NULL), TS_OK);
+    /* the same weights as a checkpoint folder <tag>_ckpt/step-7 with its job */
+    json_t *doc = ts_job_to_json(&j);
+    char *text = json_dumps(doc, JSON_COMPACT);
+    json_decref(doc);
+    ts_checkpoint_data d = {.step = 7, .n_model = m->n_params, .model_names = names, .model = values, .config = text};
+    snprintf(path, sizeof path, "%s/%s_ckpt", dir, tag);
+    assert_int_equal(ts_checkpoint_save(path, &d, 1, NULL, 0), TS_OK);
+    free(text);
     return m;
 }
 
@@ -74,9 +83,10 @@ static pid_t start_server(const char *tag, const char *extra, int *port_out) {
     const char *bin = getenv("TESSERA_BIN_DIR");
     snprintf(cmd, sizeof cmd,
              "exec %s/tessera-serve --model mlp=%s/mlp.safetensors:%s/mlp.json --model gpt=%s/gpt.safetensors:%s/gpt.json "
+             "--model ckpt=%s/mlp_ckpt/step-7 "
              "--token-file %s/token --port 0 --max-batch 8 --batch-timeout-ms 20 --request-timeout-s %d "
              "--max-body-bytes 1048576 %s > %s 2>&1",
-             bin ? bin : "build/bin", dir, dir, dir, dir, dir, TIMEOUT_S, extra, log);
+             bin ? bin : "build/bin", dir, dir, dir, dir, dir, dir, TIMEOUT_S, extra, log);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -246,6 +256,9 @@ static void test_predict(void **state) {
     write_instances(req, 3);
     assert_int_equal(curl(AUTH " -d @%s http://127.0.0.1:%d/v1/models/mlp:predict", req, port), 200);
     check_predictions(body, 3);
+    /* the same weights served from a checkpoint folder */
+    assert_int_equal(curl(AUTH " -d @%s http://127.0.0.1:%d/v1/models/ckpt:predict", req, port), 200);
+    check_predictions(body, 3);
     /* 12 concurrent clients: each gets its own rows back from the batches */
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
@@ -386,10 +399,10 @@ static void test_metrics(void **state) {
                           "tessera_batch_size_count ", NULL};
     for (int i = 0; want[i]; i++)
         if (!strstr(body, want[i])) fail_msg("/metrics lacks %s:\n%s", want[i], body);
-    /* the batches held every predicted sample: 3 + 12 x 3 + 1 MLP, 2 GPT */
+    /* the batches held every predicted sample: 3 + 3 + 12 x 3 + 1 MLP, 2 GPT */
     const char *sum = strstr(body, "tessera_batch_size_sum ");
     assert_non_null(sum);
-    assert_int_equal((int)atof(sum + strlen("tessera_batch_size_sum ")), 3 + 36 + 1 + 2);
+    assert_int_equal((int)atof(sum + strlen("tessera_batch_size_sum ")), 3 + 3 + 36 + 1 + 2);
 }
 
 static void test_tls(void **state) {
@@ -409,11 +422,43 @@ static void test_tls(void **state) {
     assert_int_not_equal(curl("http://127.0.0.1:%d/healthz", tls_port), 200); /* no plain HTTP */
 }
 
+/* Runs tessera-serve with args; it must exit non-zero saying want. */
+static void expect_refused_start(const char *args, const char *want) {
+    char cmd[2048], out[4096];
+    const char *bin = getenv("TESSERA_BIN_DIR");
+    snprintf(cmd, sizeof cmd, "timeout 120 %s/tessera-serve %s 2>&1", bin ? bin : "build/bin", args);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    int rc = pclose(p);
+    printf("  tessera-serve %s -> exit %d: %s", args, WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, out);
+    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) != 0);
+    if (!strstr(out, want)) fail_msg("'%s' not in: %s", want, out);
+}
+
+static void test_command_line(void **state) {
+    (void)state;
+    char args[1024];
+    snprintf(args, sizeof args, "--model mlp=%s/mlp.safetensors:%s/mlp.json --token %s", dir, dir, TOKEN);
+    expect_refused_start(args, "never on the command line");
+    snprintf(args, sizeof args, "--model mlp=%s/mlp.safetensors:%s/mlp.json", dir, dir);
+    expect_refused_start(args, "--token-file");
+    snprintf(args, sizeof args, "--model mlp=%s/missing.safetensors:%s/mlp.json --token-file %s/token", dir, dir, dir);
+    expect_refused_start(args, "missing.safetensors");
+    snprintf(args, sizeof args, "--model mlp=%s/mlp.safetensors --token-file %s/token", dir, dir);
+    expect_refused_start(args, "give the job");
+    snprintf(args, sizeof args, "--model gpt=%s/gpt.safetensors:%s/mlp.json --token-file %s/token", dir, dir, dir);
+    expect_refused_start(args, "tensor 'wte.weight' is not a parameter of the model");
+    snprintf(args, sizeof args, "--model mlp=%s/mlp.safetensors:%s/mlp.json --token-file %s/token --bind localhost", dir,
+             dir, dir);
+    expect_refused_start(args, "not an IPv4 or IPv6 address");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auth),       cmocka_unit_test(test_predict), cmocka_unit_test(test_generate),
         cmocka_unit_test(test_bad_requests), cmocka_unit_test(test_stalled_client), cmocka_unit_test(test_metrics),
-        cmocka_unit_test(test_tls),
+        cmocka_unit_test(test_tls),         cmocka_unit_test(test_command_line),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
