@@ -353,3 +353,15 @@ void th_copy_run(const char *from, const char *to) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
     assert_int_equal(system(cmd), 0);
 }
+
+void th_wait_mpirun(th_proc *p, int timeout_ms) {
+    int rc = th_wait(p, timeout_ms);
+    char *text = th_output(p);
+    int no_mpi = strstr(text, "no MPI support") != NULL;
+    free(text);
+    if (no_mpi) {
+        fprintf(stderr, "tessera-run built without MPI: skipping the MPI test\n");
+        skip();
+    }
+    if (rc != 0) th_dump(p, "mpirun of tessera-run --mpi did not exit 0");
+}

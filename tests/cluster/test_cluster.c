@@ -394,15 +394,7 @@ static void test_mpirun(void **state) {
     const char *argv[] = {"mpirun", "-np", "4", "--oversubscribe", "--allow-run-as-root",
                           run_bin, "--mpi", job, NULL};
     th_proc spmd = th_start("mpi-spmd", argv);
-    int rc = th_wait(&spmd, 30000);
-    char *text = th_output(&spmd);
-    int no_mpi = strstr(text, "no MPI support") != NULL;
-    free(text);
-    if (no_mpi) {
-        fprintf(stderr, "tessera-run built without MPI: skipping the MPI test\n");
-        skip();
-    }
-    if (rc != 0) th_dump(&spmd, "mpirun -np 4 tessera-run --mpi did not exit 0");
+    th_wait_mpirun(&spmd, 30000);
     assert_int_equal(th_count(&spmd, "step 10 world 2"), 2);
     assert_int_equal(th_count(&spmd, "shutdown (code 0)"), 3); /* ps + 2 workers */
 
@@ -412,8 +404,7 @@ static void test_mpirun(void **state) {
                           "-np", "1", run_bin, "--mpi", "--role", "ps", job, ":",
                           "-np", "1", run_bin, "--mpi", "--role", "worker", job, NULL};
     th_proc m = th_start("mpi-mpmd", mpmd);
-    rc = th_wait(&m, 30000);
-    if (rc != 0) th_dump(&m, "MPMD mpirun did not exit 0");
+    th_wait_mpirun(&m, 30000);
     assert_int_equal(th_count(&m, "step 10 world 2"), 2);
     assert_int_equal(th_leftovers(), 0);
 }

@@ -368,15 +368,7 @@ static void test_mpirun(void **state) {
     const char *argv[] = {"mpirun", "-np", "4", "--oversubscribe", "--allow-run-as-root", "-x",
                           "TESSERA_NUM_THREADS=1", run_bin, "--mpi", job, "--set", set_dir, NULL};
     th_proc p = th_start("mpi-ps", argv);
-    int rc = th_wait(&p, 120000);
-    char *text = th_output(&p);
-    bool no_mpi = strstr(text, "no MPI support") != NULL;
-    free(text);
-    if (no_mpi) {
-        fprintf(stderr, "tessera-run built without MPI: skipping the MPI test\n");
-        skip();
-    }
-    if (rc != 0) th_dump(&p, "mpirun -np 4 tessera-run --mpi did not exit 0");
+    th_wait_mpirun(&p, 120000);
     assert_int_equal(th_count(&p, "shutdown (code 0)"), 3); /* ps + 2 workers */
     expect_accuracy(th_path("run-mpi"), 240);
     assert_int_equal(th_leftovers(), 0);
