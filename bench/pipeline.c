@@ -2,7 +2,8 @@
  * theory and against one process, in one run.
  *
  * The model is an MLP of eight equal 784 x 784 layers (and a 784 x 10
- * head), so a profiled cut gives every stage the same work; every run is a
+ * head), cut (parallel.pipeline_stages) so that every stage does the same
+ * work; every run is a
  * real tessera-run job (scheduler + P stage processes, strategy
  * "pipeline", parallel.timeline on) on Fashion-MNIST with micro-batches of
  * --rows samples, each stage at one thread. From the stages' timelines
@@ -16,8 +17,10 @@
  *      averaged over stages and over the steps after --warmup, for P = 2
  *      and 4 and M = 1, 4, 8, 16 (1f1b), beside (P - 1) / (M + P - 1);
  *   3. stage 0's peak activation memory under gpipe and 1f1b (P = 4, M =
- *      16): the allocator's peak in the step minus what it holds after the
- *      step, from the leader's (stage 0's) metrics;
+ *      16): the most the allocator holds after one of its forwards or
+ *      backwards, beyond what it held at the step's start (what the
+ *      micro-batches in flight keep, not one operation's temporaries),
+ *      against one micro-batch's (M = 1);
  *   4. throughput: P = 2 (each stage one thread, M = 8) against one
  *      process with two threads at the same batch (local strategy), median
  *      samples/s over the steps after --warmup.
@@ -44,6 +47,8 @@ static int steps = 20, warmup = 5, rows = 16, reps = 3;
 /* One stage's intervals in one step. */
 typedef struct {
     double start, end; /* the stage's step */
+    double held;       /* allocator bytes in use at its start */
+    double peak;       /* the most in use after one of its intervals */
     int n;
     char kind[2 * MAX_MICRO];
     int micro[2 * MAX_MICRO];
@@ -65,9 +70,12 @@ static int run_job(const char *dir, const char *strategy, int P, int M, const ch
     snprintf(job, sizeof job, "%s.json", dir);
     int pipeline = strcmp(strategy, "pipeline") == 0;
     char par[512];
+    /* the 17 units (fc0, relu0, ..., fc8) cut evenly: 2 or 4 equal stages
+     * of 784 x 784 layers, the head with the last */
+    const char *cut = P == 2 ? "[8, 9]" : "[4, 4, 4, 5]";
     if (pipeline)
         snprintf(par, sizeof par, "\"strategy\": \"pipeline\", \"stages\": %d, \"micro_batches\": %d, "
-                 "\"schedule\": \"%s\", \"timeline\": true", P, M, sched);
+                 "\"schedule\": \"%s\", \"timeline\": true, \"pipeline_stages\": %s", P, M, sched, cut);
     else
         snprintf(par, sizeof par, "\"strategy\": \"local\"");
     snprintf(text, sizeof text,
@@ -111,6 +119,8 @@ static int read_timeline(const char *dir, int P, int M, timeline *tl) {
                 stage_step *ss = &tl->tl[step][s];
                 ss->start = json_real_value(json_object_get(j, "start"));
                 ss->end = json_real_value(json_object_get(j, "end"));
+                ss->held = json_number_value(json_object_get(j, "held"));
+                ss->peak = ss->held;
                 size_t i;
                 json_t *op;
                 json_array_foreach(ops, i, op) {
@@ -119,6 +129,8 @@ static int read_timeline(const char *dir, int P, int M, timeline *tl) {
                     ss->micro[ss->n] = (int)json_integer_value(json_array_get(op, 1));
                     ss->t0[ss->n] = json_real_value(json_array_get(op, 2));
                     ss->t1[ss->n] = json_real_value(json_array_get(op, 3));
+                    double held = json_number_value(json_array_get(op, 4));
+                    if (held > ss->peak) ss->peak = held;
                     ss->n++;
                 }
                 if (step > tl->steps) tl->steps = step;
@@ -207,29 +219,34 @@ static void svg_chart(FILE *f, const char *title, const timeline *tl, int step, 
 
 /* ---- the figures ---- */
 
-/* The median of the leader's samples/s and of its peak - held bytes over
- * the steps after the warm-up, from dir/metrics.jsonl. */
-static int read_metrics(const char *dir, double *samples_per_s, double *act_bytes) {
+/* Stage 0's activation bytes: the median over the steps after the warm-up
+ * of its peak beyond what it held at the step's start. */
+static double stage0_activations(const timeline *tl) {
+    double v[MAX_STEPS];
+    int n = 0;
+    for (int step = warmup + 1; step <= tl->steps; step++) v[n++] = tl->tl[step][0].peak - tl->tl[step][0].held;
+    return n ? bench_upper_median(v, (size_t)n) : NAN;
+}
+
+/* The median of the leader's samples/s over the steps after the warm-up,
+ * from dir/metrics.jsonl. */
+static int read_metrics(const char *dir, double *samples_per_s) {
     char path[PATH_MAX + 32], line[2048];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     FILE *f = fopen(path, "r");
     if (!f) return 1;
-    double sps[MAX_STEPS + 1], act[MAX_STEPS + 1];
+    double sps[MAX_STEPS + 1];
     int n = 0;
     while (fgets(line, sizeof line, f) && n <= MAX_STEPS) {
         json_t *j = json_loads(line, 0, NULL);
         const char *kind = j ? json_string_value(json_object_get(j, "kind")) : NULL;
-        if (kind && !strcmp(kind, "step") && json_integer_value(json_object_get(j, "step")) > warmup) {
-            sps[n] = json_number_value(json_object_get(j, "samples_per_s"));
-            act[n++] = json_number_value(json_object_get(j, "peak_bytes")) -
-                       json_number_value(json_object_get(j, "mem_bytes"));
-        }
+        if (kind && !strcmp(kind, "step") && json_integer_value(json_object_get(j, "step")) > warmup)
+            sps[n++] = json_number_value(json_object_get(j, "samples_per_s"));
         json_decref(j);
     }
     fclose(f);
     if (!n) return 1;
     *samples_per_s = bench_upper_median(sps, (size_t)n);
-    *act_bytes = bench_upper_median(act, (size_t)n);
     return 0;
 }
 
@@ -302,16 +319,24 @@ static int bubbles(FILE *svg) {
 
 /* 3: stage 0's activation memory, gpipe against 1f1b. */
 static int memory(void) {
-    printf("\n## stage 0 peak activation memory (P = 4, M = 16, micro-batch of %d)\n", rows);
-    double act[2];
-    for (int k = 0; k < 2; k++) {
+    static timeline tl;
+    static const struct {
+        int M;
+        const char *sched;
+    } runs[] = {{1, "1f1b"}, {16, "gpipe"}, {16, "1f1b"}};
+    double act[3];
+    for (int k = 0; k < 3; k++) {
         char dir[PATH_MAX];
-        double sps;
-        snprintf(dir, sizeof dir, "%s/mem-%s", tmp_dir, k ? "1f1b" : "gpipe");
-        if (run_job(dir, "pipeline", 4, 16, k ? "1f1b" : "gpipe", 1) || read_metrics(dir, &sps, &act[k])) return 1;
+        snprintf(dir, sizeof dir, "%s/mem-%d-%s", tmp_dir, runs[k].M, runs[k].sched);
+        if (run_job(dir, "pipeline", 4, runs[k].M, runs[k].sched, 1) || read_timeline(dir, 4, runs[k].M, &tl))
+            return 1;
+        act[k] = stage0_activations(&tl);
     }
-    printf("gpipe %.2f MiB, 1f1b %.2f MiB: 1f1b / gpipe = %.2f (theory: at most P / M = 4 / 16 = 0.25 of the "
-           "micro-batches in flight)\n", act[0] / (1 << 20), act[1] / (1 << 20), act[1] / act[0]);
+    printf("\n## stage 0 peak activation memory (P = 4, M = 16, micro-batch of %d; one micro-batch holds %.3f MiB)\n",
+           rows, act[0] / (1 << 20));
+    printf("gpipe %.3f MiB = %.1f micro-batches, 1f1b %.3f MiB = %.1f micro-batches (theory: M = 16 and P = 4); "
+           "1f1b / gpipe = %.2f\n", act[1] / (1 << 20), act[1] / act[0], act[2] / (1 << 20), act[2] / act[0],
+           act[2] / act[1]);
     return 0;
 }
 
@@ -319,13 +344,13 @@ static int memory(void) {
 static int throughput(void) {
     printf("\n## throughput at batch %d: P = 2 (1 thread per stage, M = 8, 1f1b) against one process (2 threads)\n",
            rows * 8);
-    double pipe[MAX_REPS], local[MAX_REPS], ratio[MAX_REPS], act;
+    double pipe[MAX_REPS], local[MAX_REPS], ratio[MAX_REPS];
     for (int r = 0; r < reps; r++) {
         char dir[PATH_MAX];
         snprintf(dir, sizeof dir, "%s/tp-local", tmp_dir);
-        if (run_job(dir, "local", 1, 8, "", 2) || read_metrics(dir, &local[r], &act)) return 1;
+        if (run_job(dir, "local", 1, 8, "", 2) || read_metrics(dir, &local[r])) return 1;
         snprintf(dir, sizeof dir, "%s/tp-pipe", tmp_dir);
-        if (run_job(dir, "pipeline", 2, 8, "1f1b", 1) || read_metrics(dir, &pipe[r], &act)) return 1;
+        if (run_job(dir, "pipeline", 2, 8, "1f1b", 1) || read_metrics(dir, &pipe[r])) return 1;
         ratio[r] = pipe[r] / local[r];
     }
     double m[3], lo[3], hi[3];

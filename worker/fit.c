@@ -81,6 +81,20 @@ ts_status ts_fit_available(uint64_t *bytes, char *source, size_t cap) {
     return TS_OK;
 }
 
+/* A pipeline stage holds about 1/P of the model, and the activations of
+ * the micro-batches in flight (M under gpipe, at most P under 1f1b) of its
+ * 1/P of the layers. */
+static void pipeline_share(const ts_job *job, ts_model_memory *e) {
+    const ts_job_parallel *p = &job->parallel;
+    if (p->strategy != TS_STRATEGY_PIPELINE) return;
+    double P = p->stages, M = p->micro_batches, held = p->schedule == TS_PIPE_GPIPE || M < P ? M : P;
+    e->param_bytes /= P;
+    e->grad_bytes /= P;
+    e->optim_bytes /= P;
+    e->activation_bytes *= held / M / P;
+    e->total_bytes = e->param_bytes + e->grad_bytes + e->optim_bytes + e->activation_bytes;
+}
+
 ts_status ts_fit_check(const ts_job *job, uint64_t available, const char *source) {
     ts_model_spec spec;
     ts_status st = ts_job_model_spec(job, &spec);
@@ -90,6 +104,7 @@ ts_status ts_fit_check(const ts_job *job, uint64_t available, const char *source
     ts_model_memory e;
     if ((st = ts_model_estimate(&spec, job->train.batch_size, ts_optim_state_slots(&oc), job->train.bf16, &e)))
         return st;
+    pipeline_share(job, &e);
     if (e.total_bytes <= (double)available) return TS_OK;
     static const char *const archs[] = {"mlp", "cnn", "gpt"};
     return ts_error(TS_ERR_MEMORY,

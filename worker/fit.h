@@ -6,7 +6,9 @@
  * available to this process: the room left under the cgroup memory limit
  * of this process's cgroup and its ancestors (v2 memory.max, v1
  * memory.limit_in_bytes), or MemAvailable of /proc/meminfo, whichever is
- * smaller. A model that does not fit is refused with the numbers, instead of
+ * smaller (for a pipeline, what one stage holds: about 1/P of the model and
+ * its micro-batches in flight). A model that does not fit is refused with
+ * the numbers, instead of
  * being found out by the OOM killer; callers offer --force to try anyway.
  */
 #ifndef TS_WORKER_FIT_H

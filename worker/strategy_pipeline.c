@@ -32,7 +32,9 @@
  * then restarts every stage from the last checkpoint. Checkpoints are per
  * stage plus an index (checkpoint_parts.h), loadable into a local run or
  * another cut. With parallel.timeline each stage appends its forward and
- * backward intervals per step to <run>/timeline/stage-<s>-replica-<d>.jsonl.
+ * backward intervals per step to <run>/timeline/stage-<s>-replica-<d>.jsonl,
+ * each with the allocator's bytes in use after it ("held": once the step's
+ * batch is in): what the micro-batches in flight hold.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +43,7 @@
 #include <unistd.h>
 
 #include "collective/ring.h"
+#include "kernels/alloc.h"
 #include "kernels/autograd.h"
 #include "kernels/clock.h"
 #include "kernels/ops/elementwise.h"
@@ -76,6 +79,7 @@ typedef struct {
     char kind; /* 'F' or 'B' */
     int micro;
     double start, end;
+    size_t held; /* allocator bytes in use after it */
 } interval;
 
 typedef struct {
@@ -104,6 +108,7 @@ typedef struct {
     interval *iv;
     int niv;
     double step_start;
+    size_t step_held;          /* allocator bytes in use once the step's batch is in */
 } pipe_strategy;
 
 /* ---- errors ---- */
@@ -269,7 +274,7 @@ static ts_tensor *scaled_loss(pipe_strategy *p, ts_tensor *logits, int m, double
 
 /* Notes a compute interval for the timeline. */
 static void note(pipe_strategy *p, char kind, int m, double start) {
-    if (p->iv) p->iv[p->niv++] = (interval){kind, m, start, ts_clock_ms()};
+    if (p->iv) p->iv[p->niv++] = (interval){kind, m, start, ts_clock_ms(), ts_alloc_get_stats().allocated};
 }
 
 /* Forward of micro-batch m: receive (or take) the input, run the stage,
@@ -391,11 +396,11 @@ static ts_status share_loss(pipe_strategy *p, double *loss) {
 static void write_timeline(pipe_strategy *p) {
     if (!p->timeline) return;
     fprintf(p->timeline, "{\"step\":%lld,\"stage\":%d,\"replica\":%d,\"stages\":%d,\"micro_batches\":%d,"
-            "\"start\":%.3f,\"end\":%.3f,\"ops\":[", (long long)p->base.trainer->step + 1, p->stage, p->replica, p->P,
-            p->M, p->step_start, ts_clock_ms());
+            "\"start\":%.3f,\"end\":%.3f,\"held\":%zu,\"ops\":[", (long long)p->base.trainer->step + 1, p->stage,
+            p->replica, p->P, p->M, p->step_start, ts_clock_ms(), p->step_held);
     for (int i = 0; i < p->niv; i++)
-        fprintf(p->timeline, "%s[\"%c\",%d,%.3f,%.3f]", i ? "," : "", p->iv[i].kind, p->iv[i].micro, p->iv[i].start,
-                p->iv[i].end);
+        fprintf(p->timeline, "%s[\"%c\",%d,%.3f,%.3f,%zu]", i ? "," : "", p->iv[i].kind, p->iv[i].micro,
+                p->iv[i].start, p->iv[i].end, p->iv[i].held);
     fprintf(p->timeline, "]}\n");
     fflush(p->timeline);
 }
@@ -642,6 +647,7 @@ static ts_status pipe_grads(ts_strategy *s, double *loss, int64_t *samples) {
     if (p->buckets) ts_buckets_reset(p->buckets);
     ts_status st = ts_loader_next(t->loader, &p->batch);
     p->have_batch = !st;
+    p->step_held = ts_alloc_get_stats().allocated;
     if (!st) st = run_schedule(p);
     if (!st) {
         p->at_micro = -1;

@@ -135,6 +135,34 @@ static void test_placement(void **state) {
                  "parallel.placement: expected array, got integer");
 }
 
+/* strategy "pipeline": its workers are stages x replicas, the batch splits
+ * into the micro-batches, the listed cut has one entry per stage. */
+static void test_pipeline(void **state) {
+    (void)state;
+    ts_job job;
+    const char *ok = "{\"parallel\": {\"strategy\": \"pipeline\", \"stages\": 3, \"data_parallel\": 2, "
+                     "\"micro_batches\": 4, \"schedule\": \"gpipe\"}, \"train\": {\"batch_size\": 32}}";
+    assert_int_equal(ts_job_parse(ok, NULL, 0, &job), TS_OK);
+    assert_int_equal(job.parallel.strategy, TS_STRATEGY_PIPELINE);
+    assert_int_equal(job.parallel.workers, 6);
+    assert_int_equal(job.parallel.min_workers, 6);
+    assert_int_equal(job.parallel.max_workers, 6);
+    assert_int_equal(job.parallel.schedule, TS_PIPE_GPIPE);
+    assert_int_equal(ts_job_parse("{}", NULL, 0, &job), TS_OK);
+    assert_int_equal(job.parallel.schedule, TS_PIPE_1F1B);
+    expect_error("{\"parallel\": {\"strategy\": \"pipeline\", \"stages\": 2, \"workers\": 3}}", NULL, 0,
+                 "parallel.workers: 3, but a pipeline of 2 stages x 1 replicas (parallel.data_parallel) has 2 workers");
+    expect_error("{\"parallel\": {\"strategy\": \"pipeline\", \"stages\": 1}}", NULL, 0,
+                 "parallel.stages: strategy \"pipeline\" needs at least 2 stages, got 1");
+    expect_error("{\"parallel\": {\"strategy\": \"pipeline\", \"micro_batches\": 3}, \"train\": {\"batch_size\": 32}}",
+                 NULL, 0, "parallel.micro_batches: train.batch_size 32 does not split into 3 micro-batches");
+    expect_error("{\"parallel\": {\"strategy\": \"pipeline\", \"stages\": 2, \"pipeline_stages\": [1, 2, 3]}}", NULL, 0,
+                 "parallel.pipeline_stages: 3 stages listed but parallel.stages is 2");
+    expect_error("{\"parallel\": {\"strategy\": \"pipeline\"}, \"train\": {\"accum_steps\": 2}}", NULL, 0,
+                 "train.accum_steps: 2; a pipeline accumulates its micro-batches");
+    expect_error("{\"parallel\": {\"schedule\": \"zb\"}}", NULL, 0, "parallel.schedule");
+}
+
 static void test_override_errors(void **state) {
     (void)state;
     const char *noeq[] = {"parallel.workers"};
@@ -256,6 +284,7 @@ int main(void) {
         cmocka_unit_test(test_overrides),
         cmocka_unit_test(test_errors_name_the_field),
         cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_pipeline),
         cmocka_unit_test(test_override_errors),
         cmocka_unit_test(test_override_numbers),
         cmocka_unit_test(test_load_file_and_round_trip),
