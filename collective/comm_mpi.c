@@ -193,6 +193,25 @@ int ts_comm_mpi_init(int *argc, char ***argv) {
     return provided;
 }
 
+ts_status ts_comm_mpi_split(void *mpi_comm, int color, int key, void **out) {
+    MPI_Comm *c = malloc(sizeof *c);
+    if (!c) return ts_error(TS_ERR_MEMORY, "communicator mpi: out of memory");
+    int rc = MPI_Comm_split(*(MPI_Comm *)mpi_comm, color, key, c);
+    if (rc != MPI_SUCCESS) {
+        free(c);
+        return ts_error(TS_ERR_PEER, "communicator mpi: MPI_Comm_split (color %d, key %d) failed with code %d", color,
+                        key, rc);
+    }
+    *out = c;
+    return TS_OK;
+}
+
+void ts_comm_mpi_free(void *mpi_comm) {
+    if (!mpi_comm) return;
+    MPI_Comm_free((MPI_Comm *)mpi_comm);
+    free(mpi_comm);
+}
+
 const ts_comm_backend ts_comm_mpi_backend = {
     .name = "mpi",
     .open = mpi_open,
@@ -206,5 +225,12 @@ ts_status ts_comm_mpi_place(void *mpi_comm, int *rank, int *size) {
     (void)mpi_comm, (void)rank, (void)size;
     return ts_error(TS_ERR_UNSUPPORTED, "communicator mpi: this build has no MPI (TESSERA_WITH_MPI=OFF)");
 }
+
+ts_status ts_comm_mpi_split(void *mpi_comm, int color, int key, void **out) {
+    (void)mpi_comm, (void)color, (void)key, (void)out;
+    return ts_error(TS_ERR_UNSUPPORTED, "communicator mpi: this build has no MPI (TESSERA_WITH_MPI=OFF)");
+}
+
+void ts_comm_mpi_free(void *mpi_comm) { (void)mpi_comm; }
 
 #endif

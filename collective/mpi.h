@@ -27,4 +27,13 @@ int ts_comm_mpi_init(int *argc, char ***argv);
  * filling a ts_comm_config; TS_ERR_UNSUPPORTED in builds without MPI. */
 ts_status ts_comm_mpi_place(void *mpi_comm, int *rank, int *size);
 
+/* MPI_Comm_split of the MPI_Comm at mpi_comm (every process of it calls
+ * it): *out points at a new MPI_Comm of the processes with the same color,
+ * ranked by key; free it with ts_comm_mpi_free once its communicators are
+ * freed. TS_ERR_UNSUPPORTED in builds without MPI. */
+ts_status ts_comm_mpi_split(void *mpi_comm, int color, int key, void **out);
+
+/* MPI_Comm_free of a communicator made by ts_comm_mpi_split; NULL is fine. */
+void ts_comm_mpi_free(void *mpi_comm);
+
 #endif

@@ -2,7 +2,8 @@
  * stage processes, like GPipe, PipeDream-flush (1F1B) and Megatron.
  *
  * The job's workers are P stages x D replicas (parallel.stages,
- * parallel.data_parallel): job rank r is stage r % P of replica r / P. A
+ * parallel.data_parallel): job rank r (under mpirun: the rank among the
+ * workers' MPI processes) is stage r % P of replica r / P. A
  * worker joins before it builds anything (its units depend on its rank),
  * then builds only its stage's units (pipeline_plan.h: a given or profiled
  * cut), so it holds only their flat buffers, gradients and optimizer state.
@@ -11,7 +12,8 @@
  * it into M micro-batches (parallel.micro_batches); stage 0 feeds their
  * inputs, the last stage their targets. Activations go forward and their
  * gradients backward between neighbouring stages over the replica's
- * communicator (send/recv, in order per pair): a forward's output is sent
+ * communicator (send/recv, in order per pair; the ring over ZeroMQ, or MPI
+ * under mpirun): a forward's output is sent
  * while the stage goes on with its next operation, and what a neighbour
  * sends is received by the port's I/O thread while the stage computes. The
  * order of a stage's forwards and backwards is parallel.schedule's (gpipe
@@ -42,6 +44,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "collective/mpi.h"
 #include "collective/ring.h"
 #include "kernels/alloc.h"
 #include "kernels/autograd.h"
@@ -88,7 +91,14 @@ typedef struct {
     int *cut;                  /* first unit of each stage, then the unit count */
     ts_ring_port *pipe_port;   /* the replica's pipeline communicator's port */
     ts_ring_port *dp_port;     /* the stage's replicas' port (D > 1) */
-    ts_comm *pipe, *dp;        /* rank = stage, rank = replica (NULL: D = 1) */
+    void *mpi_world;           /* under mpirun: the workers' MPI_Comm *, else NULL */
+    void *mpi_split[3];        /* the MPI communicators of pipe, back and dp */
+    ts_comm *pipe;             /* rank = stage: activations forward, collectives */
+    ts_comm *back;             /* rank = stage: gradients backward; pipe itself
+                                * on the ring, its own under MPI (where a send
+                                * waits for its receive, the directions must
+                                * not queue behind each other) */
+    ts_comm *dp;               /* rank = replica; NULL when D = 1 */
     ts_buckets *buckets;       /* D > 1: the gradient buckets averaged over dp */
     ts_pipe_op *ops;           /* this stage's order, 2M operations */
     micro *mb;
@@ -173,28 +183,30 @@ static ts_status finish(pipe_strategy *p, ts_comm *c, ts_comm_req *req) {
     }
 }
 
-/* Starts a send or receive of count elements of buf with the stage peer. */
-static ts_status start_pair(pipe_strategy *p, ts_comm_kind kind, void *buf, int64_t count, ts_dtype dt, int peer,
-                            ts_comm_req **req) {
+/* Starts a send or receive of count elements of buf with the stage peer on
+ * c (p->pipe: activations, forward; p->back: gradients, backward). */
+static ts_status start_pair(pipe_strategy *p, ts_comm *c, ts_comm_kind kind, void *buf, int64_t count, ts_dtype dt,
+                            int peer, ts_comm_req **req) {
     ts_comm_op op = {.kind = kind, .send = buf, .recv = buf, .count = count, .dtype = dt, .peer = peer,
                      .step = p->base.trainer->step + 1};
-    return ts_comm_start(p->pipe, &op, req);
+    return ts_comm_start(c, &op, req);
 }
 
-/* Receives count elements from stage peer into buf (blocking); what names
- * the data in errors. */
-static ts_status recv_from(pipe_strategy *p, void *buf, int64_t count, ts_dtype dt, int peer, const char *what) {
+/* Receives count elements from stage peer on c into buf (blocking); what
+ * names the data in errors. */
+static ts_status recv_from(pipe_strategy *p, ts_comm *c, void *buf, int64_t count, ts_dtype dt, int peer,
+                           const char *what) {
     ts_comm_req *req;
-    ts_status st = start_pair(p, TS_COMM_RECV, buf, count, dt, peer, &req);
-    if (!st) st = finish(p, p->pipe, req);
+    ts_status st = start_pair(p, c, TS_COMM_RECV, buf, count, dt, peer, &req);
+    if (!st) st = finish(p, c, req);
     if (st) return ts_error(st, "%s from stage %d: %s", what, peer, ts_last_error());
     return TS_OK;
 }
 
-/* Waits for a send started earlier (NULL: none). */
-static ts_status settle(pipe_strategy *p, ts_comm_req **req, const char *what, int peer) {
+/* Waits for a send started earlier on c (NULL: none). */
+static ts_status settle(pipe_strategy *p, ts_comm *c, ts_comm_req **req, const char *what, int peer) {
     if (!*req) return TS_OK;
-    ts_status st = finish(p, p->pipe, *req);
+    ts_status st = finish(p, c, *req);
     *req = NULL;
     if (st) return ts_error(st, "%s to stage %d: %s", what, peer, ts_last_error());
     return TS_OK;
@@ -207,8 +219,8 @@ static ts_status settle(pipe_strategy *p, ts_comm_req **req, const char *what, i
 static ts_status send_activation(pipe_strategy *p, micro *u, ts_tensor *y) {
     u->header[0] = y->ndim;
     for (int d = 0; d < TS_MAX_DIMS; d++) u->header[1 + d] = d < y->ndim ? y->shape[d] : 0;
-    ts_status st = start_pair(p, TS_COMM_SEND, u->header, HEADER, TS_I64, p->stage + 1, &u->sent[0]);
-    if (!st) st = start_pair(p, TS_COMM_SEND, ts_f32(y), ts_tensor_numel(y), TS_F32, p->stage + 1, &u->sent[1]);
+    ts_status st = start_pair(p, p->pipe, TS_COMM_SEND, u->header, HEADER, TS_I64, p->stage + 1, &u->sent[0]);
+    if (!st) st = start_pair(p, p->pipe, TS_COMM_SEND, ts_f32(y), ts_tensor_numel(y), TS_F32, p->stage + 1, &u->sent[1]);
     return st;
 }
 
@@ -216,7 +228,7 @@ static ts_status send_activation(pipe_strategy *p, micro *u, ts_tensor *y) {
  * against its header's limits. */
 static ts_status recv_activation(pipe_strategy *p, ts_tensor **x) {
     int64_t h[HEADER];
-    ts_status st = recv_from(p, h, HEADER, TS_I64, p->stage - 1, "activation header");
+    ts_status st = recv_from(p, p->pipe, h, HEADER, TS_I64, p->stage - 1, "activation header");
     if (st) return st;
     int64_t numel = 1;
     bool ok = h[0] >= 1 && h[0] <= TS_MAX_DIMS;
@@ -230,7 +242,7 @@ static ts_status recv_activation(pipe_strategy *p, ts_tensor **x) {
                         (long long)h[1], (long long)h[2], TS_MAX_DIMS, (long long)MAX_ACTIVATION);
     *x = ts_tensor_empty(TS_F32, (int)h[0], h + 1);
     if (!*x) return ts_last_status();
-    st = recv_from(p, ts_f32(*x), numel, TS_F32, p->stage - 1, "activation");
+    st = recv_from(p, p->pipe, ts_f32(*x), numel, TS_F32, p->stage - 1, "activation");
     if (st) {
         ts_tensor_release(*x);
         *x = NULL;
@@ -322,7 +334,7 @@ static ts_status backward_micro(pipe_strategy *p, int m, bool last) {
     if (p->stage < p->P - 1) {
         g = ts_tensor_empty(TS_F32, u->out->ndim, u->out->shape);
         if (!g) return ts_last_status();
-        st = recv_from(p, ts_f32(g), ts_tensor_numel(g), TS_F32, p->stage + 1, "gradient");
+        st = recv_from(p, p->back, ts_f32(g), ts_tensor_numel(g), TS_F32, p->stage + 1, "gradient");
     }
     double t0 = ts_clock_ms();
     t->last_micro = last;
@@ -334,8 +346,8 @@ static ts_status backward_micro(pipe_strategy *p, int m, bool last) {
     if (st) return st;
     note(p, 'B', m, t0);
     /* its output was sent long ago: let it go with its graph */
-    if ((st = settle(p, &u->sent[0], "activation header", p->stage + 1)) ||
-        (st = settle(p, &u->sent[1], "activation", p->stage + 1)))
+    if ((st = settle(p, p->pipe, &u->sent[0], "activation header", p->stage + 1)) ||
+        (st = settle(p, p->pipe, &u->sent[1], "activation", p->stage + 1)))
         return st;
     ts_tensor_release(u->out);
     u->out = NULL;
@@ -343,7 +355,7 @@ static ts_status backward_micro(pipe_strategy *p, int m, bool last) {
     ts_tensor *dx = u->in->grad;
     if (!dx || dx->dtype != TS_F32 || !ts_tensor_is_contiguous(dx))
         return ts_error(TS_ERR_STATE, "backward left no contiguous f32 gradient for the stage's input");
-    return start_pair(p, TS_COMM_SEND, ts_f32(dx), ts_tensor_numel(dx), TS_F32, p->stage - 1, &u->sent[2]);
+    return start_pair(p, p->back, TS_COMM_SEND, ts_f32(dx), ts_tensor_numel(dx), TS_F32, p->stage - 1, &u->sent[2]);
 }
 
 /* Waits for what the step still sends and lets its tensors go. */
@@ -352,9 +364,9 @@ static ts_status settle_step(pipe_strategy *p) {
     for (int m = 0; m < p->M; m++) {
         micro *u = &p->mb[m];
         p->at_micro = m;
-        ts_status st = settle(p, &u->sent[0], "activation header", p->stage + 1);
-        if (!st) st = settle(p, &u->sent[1], "activation", p->stage + 1);
-        if (!st) st = settle(p, &u->sent[2], "gradient", p->stage - 1);
+        ts_status st = settle(p, p->pipe, &u->sent[0], "activation header", p->stage + 1);
+        if (!st) st = settle(p, p->pipe, &u->sent[1], "activation", p->stage + 1);
+        if (!st) st = settle(p, p->back, &u->sent[2], "gradient", p->stage - 1);
         if (st && !first) first = stage_error(p);
         ts_tensor_release(u->in);
         ts_tensor_release(u->out);
@@ -367,7 +379,10 @@ static ts_status settle_step(pipe_strategy *p) {
 /* ---- after the backwards ---- */
 
 /* The tied weight's gradient: the first and the last stage send theirs to
- * each other and add the other's, so both step the same sum. */
+ * each other and add the other's, so both step the same sum. Stage 0 sends
+ * on the forward communicator and the last stage on the backward one, so
+ * that neither send waits behind the other where sends wait for their
+ * receive (MPI). */
 static ts_status tie_grads(pipe_strategy *p) {
     if (p->tied < 0) return TS_OK;
     const ts_param *w = &p->base.trainer->model->params[p->tied];
@@ -375,9 +390,10 @@ static ts_status tie_grads(pipe_strategy *p) {
     int other = p->stage == 0 ? p->P - 1 : 0;
     ts_comm_req *req;
     p->at_what = "tied weights";
-    ts_status st = start_pair(p, TS_COMM_SEND, g, w->numel, TS_F32, other, &req);
-    if (!st) st = recv_from(p, p->tied_other, w->numel, TS_F32, other, "gradient of the tied wte.weight");
-    if (!st) st = settle(p, &req, "gradient of the tied wte.weight", other);
+    ts_comm *out = p->stage == 0 ? p->pipe : p->back, *in = p->stage == 0 ? p->back : p->pipe;
+    ts_status st = start_pair(p, out, TS_COMM_SEND, g, w->numel, TS_F32, other, &req);
+    if (!st) st = recv_from(p, in, p->tied_other, w->numel, TS_F32, other, "gradient of the tied wte.weight");
+    if (!st) st = settle(p, out, &req, "gradient of the tied wte.weight", other);
     for (int64_t i = 0; !st && i < w->numel; i++) g[i] += p->tied_other[i];
     return st;
 }
@@ -484,9 +500,32 @@ static ts_comm *make_comm(pipe_strategy *p, const ts_proto_member *r, size_t n, 
     return c;
 }
 
+/* Under mpirun: the communicators over MPI communicators split from the
+ * workers' (every worker splits the same three, in order). */
+static ts_status make_mpi_comms(pipe_strategy *p) {
+    const ts_comm_backend *be = ts_comm_backend_find("mpi");
+    if (!be) return ts_last_status();
+    ts_member_info info;
+    ts_member_info_get(p->base.member, &info);
+    int color[3] = {p->replica, p->replica, p->stage}, key[3] = {p->stage, p->stage, p->replica};
+    int size[3] = {p->P, p->P, p->D};
+    ts_comm **out[3] = {&p->pipe, &p->back, &p->dp};
+    ts_status st = TS_OK;
+    for (int k = 0; !st && k < (p->D > 1 ? 3 : 2); k++) {
+        st = ts_comm_mpi_split(p->mpi_world, color[k], key[k], &p->mpi_split[k]);
+        ts_comm_config cfg = {.rank = key[k], .size = size[k], .generation = info.generation,
+                              .timeout_ms = (int)info.heartbeat_timeout_ms, .native = p->mpi_split[k]};
+        if (!st && !(*out[k] = ts_comm_create(be, &cfg))) st = ts_last_status();
+    }
+    p->base.group.generation = info.generation;
+    return st;
+}
+
 /* Makes the replica's pipeline communicator and the stage's replicas'
- * communicator, once every worker of the job is there. */
+ * communicator, once every worker of the job is there (their ports), or
+ * over MPI under mpirun. */
 static ts_status make_comms(pipe_strategy *p) {
+    if (p->mpi_world) return make_mpi_comms(p);
     ts_proto_member *r = NULL;
     size_t n = 0;
     uint64_t g = 0;
@@ -496,6 +535,7 @@ static ts_status make_comms(pipe_strategy *p) {
     if (!st && p->D > 1 && !(p->dp = make_comm(p, r, n, g, p->stage, p->P, p->D, 1, p->dp_port, p->replica)))
         st = ts_last_status();
     free(r);
+    p->back = p->pipe;
     p->base.group.generation = g;
     return st;
 }
@@ -547,22 +587,24 @@ static ts_status pipe_units(ts_strategy *s, const ts_model_spec *spec, int *firs
     if (!s->member) return ts_error(TS_ERR_STATE, "strategy pipeline: the worker has not joined its job");
     ts_member_info info;
     ts_member_info_get(s->member, &info);
-    if (info.rank < 0 || info.rank >= p->P * p->D)
-        return ts_error(TS_ERR_VALUE, "strategy pipeline: job rank %d is outside the %d stages x %d replicas",
-                        info.rank, p->P, p->D);
-    p->stage = info.rank % p->P;
-    p->replica = info.rank / p->P;
+    int rank = info.rank, size = p->P * p->D;
+    ts_status st = p->mpi_world ? ts_comm_mpi_place(p->mpi_world, &rank, &size) : TS_OK; /* mpirun's order */
+    if (st) return st;
+    if (rank < 0 || rank >= p->P * p->D || size != p->P * p->D)
+        return ts_error(TS_ERR_VALUE, "strategy pipeline: worker rank %d of %d is not one of the %d stages x %d "
+                        "replicas", rank, size, p->P, p->D);
+    p->stage = rank % p->P;
+    p->replica = rank / p->P;
     if (!(p->cut = calloc((size_t)p->P + 1, sizeof *p->cut)))
         return ts_error(TS_ERR_MEMORY, "strategy pipeline: out of memory");
-    ts_status st = make_comms(p);
+    st = make_comms(p);
     if (!st) st = plan_cut(p, spec);
     if (st) return ts_error(st, "pipeline stage %d of %d (replica %d): %s", p->stage, p->P, p->replica,
                             ts_last_error());
     *first = p->cut[p->stage];
     *end = p->cut[p->stage + 1];
-    s->group = (ts_group){.rank = p->replica, .world = p->D, .generation = s->group.generation,
-                          .leader = info.rank == 0};
-    if (info.rank == 0) {
+    s->group = (ts_group){.rank = p->replica, .world = p->D, .generation = s->group.generation, .leader = rank == 0};
+    if (rank == 0) {
         printf("pipeline: %d stages x %d replicas, %d micro-batches of %lld, schedule %s; stages start at units",
                p->P, p->D, p->M, (long long)(job->train.batch_size / p->M),
                job->parallel.schedule == TS_PIPE_GPIPE ? "gpipe" : "1f1b");
@@ -723,8 +765,8 @@ static ts_status pipe_forward(ts_strategy *s, ts_tensor *x, ts_tensor **out) {
     }
     micro u = {0};
     if (!st) st = send_activation(p, &u, y);
-    if (!st) st = settle(p, &u.sent[0], "activation header", p->stage + 1);
-    if (!st) st = settle(p, &u.sent[1], "activation", p->stage + 1);
+    if (!st) st = settle(p, p->pipe, &u.sent[0], "activation header", p->stage + 1);
+    if (!st) st = settle(p, p->pipe, &u.sent[1], "activation", p->stage + 1);
     ts_tensor_release(y);
     return st ? stage_error(p) : TS_OK;
 }
@@ -752,6 +794,7 @@ static void pipe_free(ts_strategy *s) {
     pipe_strategy *p = (pipe_strategy *)s;
     if (p->have_batch) ts_batch_release(&p->batch);
     if (p->pipe) ts_comm_abort(p->pipe);
+    if (p->back && p->back != p->pipe) ts_comm_abort(p->back);
     if (p->dp) ts_comm_abort(p->dp);
     if (p->buckets) ts_buckets_free(p->buckets);
     for (int m = 0; p->mb && m < p->M; m++) {
@@ -760,8 +803,10 @@ static void pipe_free(ts_strategy *s) {
         ts_tensor_release(p->mb[m].in);
         ts_tensor_release(p->mb[m].out);
     }
+    if (p->back != p->pipe) ts_comm_free(p->back);
     ts_comm_free(p->pipe);
     ts_comm_free(p->dp);
+    for (int k = 0; k < 3; k++) ts_comm_mpi_free(p->mpi_split[k]);
     ts_ring_port_close(p->pipe_port);
     ts_ring_port_close(p->dp_port);
     if (p->timeline) fclose(p->timeline);
@@ -790,10 +835,6 @@ static const ts_strategy_ops pipe_ops = {
 };
 
 ts_strategy *ts_strategy_pipeline_new(const ts_strategy_options *o) {
-    if (o->mpi_comm) {
-        ts_error(TS_ERR_UNSUPPORTED, "strategy pipeline: not under mpirun yet; run it with tessera-run");
-        return NULL;
-    }
     pipe_strategy *p = calloc(1, sizeof *p);
     if (!p) {
         ts_error(TS_ERR_MEMORY, "strategy pipeline: out of memory");
@@ -808,6 +849,8 @@ ts_strategy *ts_strategy_pipeline_new(const ts_strategy_options *o) {
     p->M = jp->micro_batches;
     p->tied = -1;
     p->at_micro = -1;
+    p->mpi_world = o->mpi_comm;
+    if (p->mpi_world) return &p->base; /* MPI carries it all */
     if (!(p->pipe_port = ts_ring_port_for_job(o->job, o->key_file, "pipe")) ||
         (p->D > 1 && !(p->dp_port = ts_ring_port_for_job(o->job, o->key_file, "dp")))) {
         pipe_free(&p->base);

@@ -354,6 +354,13 @@ void th_copy_run(const char *from, const char *to) {
     assert_int_equal(system(cmd), 0);
 }
 
+void th_need_mpirun(void) {
+    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
+        fprintf(stderr, "mpirun not found: skipping the MPI test\n");
+        skip();
+    }
+}
+
 void th_wait_mpirun(th_proc *p, int timeout_ms) {
     int rc = th_wait(p, timeout_ms);
     char *text = th_output(p);

@@ -101,6 +101,9 @@ void th_expect_same(const double *got, const double *want, int from, int to, con
 /* Copies the run folder from to to (checkpoints and metrics). */
 void th_copy_run(const char *from, const char *to);
 
+/* Skips the calling test, saying so, when mpirun is not installed. */
+void th_need_mpirun(void);
+
 /* Waits up to timeout_ms for an mpirun of tessera-run --mpi: skips the
  * test when tessera-run was built without MPI, fails it with the output
  * when mpirun did not exit 0. */

@@ -384,10 +384,7 @@ static void test_scheduler_killed(void **state) {
 /* (f) the same small job under mpirun, SPMD and MPMD forms. */
 static void test_mpirun(void **state) {
     (void)state;
-    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
-        fprintf(stderr, "mpirun not found: skipping the MPI test\n");
-        skip();
-    }
+    th_need_mpirun();
     const char *job = job_file("mpi", 10, 2, 1, 0, "");
     char run_bin[4200];
     snprintf(run_bin, sizeof run_bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));

@@ -98,10 +98,7 @@ static void test_gpt_4(void **state) { (void)state; equivalence("gpt", 4, 2, "")
  * all-reduces go through the MPI backend. */
 static void test_mpirun_2(void **state) {
     (void)state;
-    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
-        fprintf(stderr, "mpirun not found: skipping the MPI test\n");
-        skip();
-    }
+    th_need_mpirun();
     double want[STEPS + 1], got[STEPS + 1];
     local_losses("mlp", 64, want);
     const char *job = job_file("ddp-mpi", "mlp", STEPS, 32, "ddp", 2, "");

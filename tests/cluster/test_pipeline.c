@@ -3,7 +3,7 @@
  * losses of a local run with M-step gradient accumulation (within 1e-5
  * relative over 30 steps; a small GPT whose embedding and head are tied,
  * with clipping, also with activation checkpointing, and an MLP); 2 stages x 2 replicas give a local run's at
- * twice the batch; the stages' checkpoint loads into a local run and into
+ * twice the batch; the same over MPI under mpirun; the stages' checkpoint loads into a local run and into
  * another stage count, which continue with an uninterrupted local run's
  * losses; a stage killed -9 stops every other stage with an error naming
  * it, and tessera-run restarts the pipeline from its checkpoint and
@@ -81,6 +81,28 @@ static void test_dp_2x2(void **state) {
     run_pipeline("pipe-dp", "gpt", STEPS, 8, 2, 2, 4, "1f1b", false, got);
     th_expect_same(got, want, 1, STEPS, "2 stages x 2 replicas");
     assert_int_equal(th_leftovers(), 0);
+}
+
+/* The same under mpirun: the scheduler and 2 stages as MPI processes,
+ * activations, gradients and the tied weight's gradient over MPI. */
+static void test_mpirun_2(void **state) {
+    (void)state;
+    th_need_mpirun();
+    double want[STEPS + 1], got[STEPS + 1];
+    local_losses("gpt", 2, 4, want);
+    char par[512];
+    pipeline_section(par, sizeof par, 2, 1, 4, "1f1b", "");
+    const char *job = th_job_file("pipe-mpi", "gpt", STEPS, 8, 1, par);
+    const char *dir = th_path("pipe-mpi");
+    char bin[4200], set[4300];
+    snprintf(bin, sizeof bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
+    snprintf(set, sizeof set, "train.run_dir=%s", dir);
+    const char *argv[] = {"mpirun", "-np", "3", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
+                          bin, "--mpi", job, "--set", set, NULL};
+    th_proc p = th_start("pipe-mpi", argv);
+    th_wait_mpirun(&p, 240000);
+    if (th_losses(dir, got, STEPS) != STEPS) th_dump(&p, "the run did not log every step");
+    th_expect_same(got, want, 1, STEPS, "mpirun, 2 stages");
 }
 
 /* A 4-stage run stopped after step 20 (its checkpoint) continues as a
@@ -169,7 +191,8 @@ int main(int argc, char **argv) {
     th_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_2),  cmocka_unit_test(test_mlp_4),           cmocka_unit_test(test_gpt_2),
-        cmocka_unit_test(test_gpt_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_dp_2x2),          cmocka_unit_test(test_checkpoint_cuts),
+        cmocka_unit_test(test_gpt_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_dp_2x2),
+        cmocka_unit_test(test_checkpoint_cuts), cmocka_unit_test(test_mpirun_2),
         cmocka_unit_test(test_kill_stage),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);

@@ -357,10 +357,7 @@ static void test_resume(void **state) {
  * same sync job, ending with a checkpoint that evaluates. */
 static void test_mpirun(void **state) {
     (void)state;
-    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
-        fprintf(stderr, "mpirun not found: skipping the MPI test\n");
-        skip();
-    }
+    th_need_mpirun();
     const char *job = job_file("mpi-ps", false, 240, 32, "\"strategy\": \"ps\", \"servers\": 1, \"workers\": 2");
     char run_bin[4200], set_dir[4300];
     snprintf(run_bin, sizeof run_bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
