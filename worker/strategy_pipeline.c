@@ -124,16 +124,19 @@ typedef struct {
 /* ---- errors ---- */
 
 /* Rewrites the last error as "pipeline stage S of P (replica R), step K,
- * micro-batch M (what): <error>" and returns its status. */
+ * micro-batch M (what): <error>" (outside a step's micro-batches "step K,
+ * after its micro-batch M-1" or "after step K") and returns its status. */
 static ts_status stage_error(pipe_strategy *p) {
     ts_status st = ts_last_status() ? ts_last_status() : TS_ERR_STATE;
     char msg[1600];
     snprintf(msg, sizeof msg, "%s%s%s%s", ts_last_error(), p->lost[0] ? " (" : "", p->lost, p->lost[0] ? ")" : "");
-    char where[96] = "";
-    if (p->at_micro >= 0) snprintf(where, sizeof where, ", micro-batch %d", p->at_micro);
-    else if (p->in_step) snprintf(where, sizeof where, ", after its micro-batch %d", p->M - 1);
-    return ts_error(st, "pipeline stage %d of %d (replica %d), step %lld%s (%s): %s", p->stage, p->P, p->replica,
-                    (long long)p->base.trainer->step + 1, where, p->at_what ? p->at_what : "step", msg);
+    long long step = (long long)p->base.trainer->step;
+    char where[96];
+    if (p->at_micro >= 0) snprintf(where, sizeof where, "step %lld, micro-batch %d", step + 1, p->at_micro);
+    else if (p->in_step) snprintf(where, sizeof where, "step %lld, after its micro-batch %d", step + 1, p->M - 1);
+    else snprintf(where, sizeof where, "after step %lld", step);
+    return ts_error(st, "pipeline stage %d of %d (replica %d), %s (%s): %s", p->stage, p->P, p->replica, where,
+                    p->at_what ? p->at_what : "step", msg);
 }
 
 /* Stage and replica of job rank r, as people read it. */

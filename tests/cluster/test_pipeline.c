@@ -139,14 +139,15 @@ static pid_t worker_pid(const th_proc *p, int r) {
 
 /* Whether worker `stage` (its rank) stopped with an error of its stage
  * naming stage 1 (rank 1 of its communicator in a collective) and the
- * micro-batch. */
+ * micro-batch (or the step it came after, between steps). */
 static int names_stage_1(const th_proc *p, int stage) {
     char *text = th_output(p), head[64], mine[64];
     snprintf(head, sizeof head, "[worker %d] tessera-worker: ", stage);
     snprintf(mine, sizeof mine, "pipeline stage %d of 3", stage);
     int found = 0;
     for (char *line = strtok(text, "\n"); line && !found; line = strtok(NULL, "\n"))
-        found = strncmp(line, head, strlen(head)) == 0 && strstr(line, mine) && strstr(line, "micro-batch") &&
+        found = strncmp(line, head, strlen(head)) == 0 && strstr(line, mine) &&
+                (strstr(line, "micro-batch") || strstr(line, "after step")) &&
                 (strstr(line, "from stage 1:") || strstr(line, "to stage 1:") || strstr(line, "rank 1 ("));
     free(text);
     return found;
