@@ -14,6 +14,7 @@
 
 #include "launch/netsim.h"
 #include "launch/supervise.h"
+#include "membership/member.h"
 #include "proto/secure.h"
 
 enum {
@@ -21,6 +22,7 @@ enum {
     STOP_GRACE_MS = 2000,       /* SIGTERM -> SIGKILL */
     DRAIN_MS = 3000,            /* job ended: the rest may exit by themselves */
     SETTLE_MS = 500,            /* a node failed: the others may report first */
+    STATUS_WAIT_MS = 1000,      /* one STATUS query of a regrouping pipeline */
 };
 
 typedef enum { PHASE_STARTING, PHASE_RUNNING, PHASE_DONE, PHASE_FAILED } phase;
@@ -48,6 +50,7 @@ typedef struct {
     ts_netsim *netsim;  /* the virtual cluster (TESSERA_NETSIM), or NULL */
     int restarts_used;
     int regrouping;     /* a pipeline waits for its workers to exit to restart them all */
+    double regroup_deadline; /* restart then even if the scheduler still lists a worker */
     int resume_workers; /* workers start from the run's checkpoints (a restarted pipeline) */
     phase phase;
     int stop_signal;  /* sent to the children when stopping */
@@ -287,12 +290,28 @@ static void respawn_pipeline(cluster *cl) {
         spawn_node(cl, &cl->workers[i]);
 }
 
+/* Whether the scheduler still lists a live worker (one that died is
+ * listed until its heartbeat timeout has passed there; a restarted worker
+ * gets its rank back only after that). */
+static int scheduler_lists_workers(cluster *cl) {
+    ts_proto_msg r;
+    if (ts_member_status_query(cl->addr, cl->key_file, STATUS_WAIT_MS, &r) != TS_OK) return 0;
+    int alive = 0;
+    for (size_t i = 0; i < r.nroster; i++) alive += r.roster[i].role == TS_ROLE_WORKER && r.roster[i].alive;
+    ts_proto_msg_free(&r);
+    return alive > 0;
+}
+
 /* Regrouping a pipeline: the workers that outlived the timeout are killed;
- * once none runs, the scheduler's heartbeat timeout has declared the dead
- * ones dead (their ranks are free again) and the pipeline starts again. */
+ * once none runs and the scheduler has declared the dead ones dead (their
+ * ranks are free again), the pipeline starts again. */
 static void regroup_expired(uv_timer_t *t) {
     cluster *cl = t->data;
     if (workers_running(cl) == 0) {
+        if (scheduler_lists_workers(cl) && uv_now(&cl->loop) < cl->regroup_deadline) {
+            uv_timer_start(&cl->regroup_timer, regroup_expired, (uint64_t)cl->o->job.parallel.heartbeat_ms, 0);
+            return;
+        }
         respawn_pipeline(cl);
         return;
     }
@@ -328,11 +347,13 @@ static void restart_pipeline(cluster *cl, const char *what, const char *reason) 
     }
     if (workers_running(cl) > 0) return;
     /* a worker that died is declared dead by the scheduler a heartbeat
-     * timeout after its last heartbeat: its rank is free after that */
-    uint64_t wait = (uint64_t)p->heartbeat_timeout_ms + 2 * (uint64_t)p->heartbeat_ms;
-    fprintf(stderr, "[run] every stage stopped; the pipeline starts again in %llu ms\n", (unsigned long long)wait);
+     * timeout after its last heartbeat (later on a loaded machine): its rank
+     * is free after that; the restart waits for it, up to the barrier
+     * timeout */
+    fprintf(stderr, "[run] every stage stopped; the pipeline starts again once the scheduler has let them go\n");
+    cl->regroup_deadline = (double)uv_now(&cl->loop) + p->heartbeat_timeout_ms + p->barrier_timeout_ms;
     uv_timer_stop(&cl->regroup_timer);
-    uv_timer_start(&cl->regroup_timer, regroup_expired, wait, 0);
+    uv_timer_start(&cl->regroup_timer, regroup_expired, (uint64_t)p->heartbeat_ms, 0);
 }
 
 static void on_done(ts_child *c) {

@@ -175,12 +175,16 @@ static void look(pipe_strategy *p) {
 }
 
 /* Waits for req, looking at the job while it waits: a broken pipeline
- * abandons the operation. */
+ * abandons the operation. The time goes to the step's wait_ms. */
 static ts_status finish(pipe_strategy *p, ts_comm *c, ts_comm_req *req) {
+    double t0 = ts_clock_ms();
     for (;;) {
         bool done;
         ts_status st = ts_comm_wait_ms(req, LOOK_MS, &done);
-        if (done) return st;
+        if (done) {
+            p->base.times.wait_ms += ts_clock_ms() - t0; /* the step log's "wait": bubble and transfer */
+            return st;
+        }
         look(p);
         if (p->lost[0]) ts_comm_abort(c);
     }
