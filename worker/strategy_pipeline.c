@@ -28,9 +28,12 @@
  * once), the step's loss is the last stage's, shared with every stage.
  *
  * A pipeline cannot route around a dead stage: a send or receive that fails
- * (a dropped connection, silence for the heartbeat timeout) or a new
- * generation that lacks one of the job's workers stops the stage with an
- * error naming the stage, the step, the micro-batch and the peer; tessera-run
+ * (a dropped connection) or a new generation that lacks one of the job's
+ * workers (the scheduler's heartbeat timeout) stops the stage with an error
+ * naming the stage, the step, the micro-batch and the peer. A live stage
+ * may be silent for long while its neighbours compute (the bubble, a
+ * stage's first step after a restart), so an operation gives up on a
+ * silent peer only after parallel.barrier_timeout_ms; tessera-run
  * then restarts every stage from the last checkpoint. Checkpoints are per
  * stage plus an index (checkpoint_parts.h), loadable into a local run or
  * another cut. With parallel.timeline each stage appends its forward and
@@ -497,7 +500,7 @@ static ts_comm *make_comm(pipe_strategy *p, const ts_proto_member *r, size_t n, 
         ts_member_info info;
         ts_member_info_get(p->base.member, &info);
         ts_comm_config cfg = {.rank = rank, .size = count, .generation = g,
-                              .timeout_ms = (int)info.heartbeat_timeout_ms, .peers = peers, .native = port};
+                              .timeout_ms = (int)info.barrier_timeout_ms, .peers = peers, .native = port};
         c = ts_comm_create(&ts_comm_ring_backend, &cfg);
     } else {
         ts_error(TS_ERR_MEMORY, "strategy pipeline: out of memory for %d peers", count);
@@ -521,7 +524,7 @@ static ts_status make_mpi_comms(pipe_strategy *p) {
     for (int k = 0; !st && k < (p->D > 1 ? 3 : 2); k++) {
         st = ts_comm_mpi_split(p->mpi_world, color[k], key[k], &p->mpi_split[k]);
         ts_comm_config cfg = {.rank = key[k], .size = size[k], .generation = info.generation,
-                              .timeout_ms = (int)info.heartbeat_timeout_ms, .native = p->mpi_split[k]};
+                              .timeout_ms = (int)info.barrier_timeout_ms, .native = p->mpi_split[k]};
         if (!st && !(*out[k] = ts_comm_create(be, &cfg))) st = ts_last_status();
     }
     p->base.group.generation = info.generation;
@@ -547,13 +550,11 @@ static ts_status make_comms(pipe_strategy *p) {
     return st;
 }
 
-/* Broadcasts count int32 of buf from rank 0 of c, giving the others the
- * job's barrier timeout to get there (rank 0 may be profiling). */
+/* Broadcasts count int32 of buf from rank 0 of c (rank 0 may be profiling:
+ * the others wait up to the communicator's barrier timeout). */
 static ts_status share(pipe_strategy *p, ts_comm *c, int32_t *buf, int count) {
-    ts_member_info info;
-    ts_member_info_get(p->base.member, &info);
     ts_comm_op op = {.kind = TS_COMM_BROADCAST, .send = buf, .recv = buf, .count = count, .dtype = TS_I32,
-                     .peer = 0, .step = -1, .timeout_ms = (int)info.barrier_timeout_ms};
+                     .peer = 0, .step = -1};
     ts_comm_req *req;
     ts_status st = ts_comm_start(c, &op, &req);
     return st ? st : finish(p, c, req);
