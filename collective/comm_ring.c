@@ -32,8 +32,22 @@
 #define LINGER_MS 2000
 /* What may still arrive from a peer after its connection dropped (ms). */
 #define GONE_GRACE_MS 200
+/* How long an operation still waits for progress once a peer has moved to
+ * a newer generation (ms): the chunks that peer sent before arrived first,
+ * but other peers may still be forwarding theirs. */
+#define MOVED_GRACE_MS 500
 
 enum { FLOW_NEXT = 0, FLOW_PREV = 1, FLOW_PAIR = 2 };
+
+/* One connection to a peer's port. It lives as long as the port, across
+ * generations, so that what this process sends a peer arrives in the
+ * order it was sent: a new generation's chunks after the old one's. */
+typedef struct {
+    char endpoint[TS_PROTO_ADDR_MAX + 1];
+    void *out, *mon; /* PUSH socket and the monitor of its connection */
+    double gone;     /* when the connection dropped, 0: it did not */
+    int users;       /* communicators holding it */
+} peer_conn;
 
 /* A chunk that arrived before its operation (or its generation), kept. */
 typedef struct stashed {
@@ -57,9 +71,29 @@ struct ts_ring_port {
      * communicator, and a peer may start the next generation first */
     stashed *stash;
     size_t stash_bytes;
+    peer_conn **conns; /* the connections to peers' ports */
+    int nconns, cap_conns;
 };
 
 /* ---- the port ---- */
+
+/* Grows the arrays p[0] (elements of a bytes) and, when b > 0, p[1] (of b
+ * bytes) of capacity *cap to hold need elements. */
+static bool grow(void **p, int *cap, int need, size_t a, size_t b) {
+    if (need <= *cap) return true;
+    int cap2 = *cap ? *cap * 2 : 64;
+    while (cap2 < need) cap2 *= 2;
+    void *q = realloc(p[0], (size_t)cap2 * a);
+    if (!q) return false;
+    p[0] = q;
+    if (b) {
+        void *r = realloc(p[1], (size_t)cap2 * b);
+        if (!r) return false;
+        p[1] = r;
+    }
+    *cap = cap2;
+    return true;
+}
 
 /* Drops the kept chunks of generations before g (all: g = UINT64_MAX). */
 static void drop_kept(ts_ring_port *p, uint64_t g) {
@@ -73,6 +107,78 @@ static void drop_kept(ts_ring_port *p, uint64_t g) {
         p->stash_bytes -= x->size;
         free(x->data);
         free(x);
+    }
+}
+
+/* Closes the sockets of a connection. */
+static void conn_shut(peer_conn *l) {
+    if (l->out) zmq_close(l->out);
+    if (l->mon) zmq_close(l->mon);
+    l->out = l->mon = NULL;
+}
+
+/* Closes a connection and frees it. */
+static void conn_close(peer_conn *l) {
+    conn_shut(l);
+    free(l);
+}
+
+/* Connects l afresh to its endpoint, with a monitor that reports the
+ * connection's drop. */
+static ts_status conn_connect(ts_ring_port *p, peer_conn *l) {
+    static _Atomic unsigned monitors; /* inproc names outlive a closing socket: never reuse one */
+    char mon[64];
+    snprintf(mon, sizeof mon, "inproc://ring-monitor-%u", ++monitors);
+    conn_shut(l);
+    l->gone = 0;
+    int hwm = QUEUE_MESSAGES, zero = 0, linger = LINGER_MS;
+    if (!(l->out = zmq_socket(p->ctx, ZMQ_PUSH)))
+        return ts_error(TS_ERR_IO, "ring: zmq_socket: %s", zmq_strerror(zmq_errno()));
+    zmq_setsockopt(l->out, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(l->out, ZMQ_LINGER, &linger, sizeof linger);
+    ts_status st = p->curve ? ts_secure_client(l->out, &p->keys) : TS_OK;
+    if (!st && (zmq_socket_monitor(l->out, mon, ZMQ_EVENT_DISCONNECTED) != 0 ||
+                !(l->mon = zmq_socket(p->ctx, ZMQ_PAIR)) || zmq_connect(l->mon, mon) != 0))
+        st = ts_error(TS_ERR_IO, "ring: cannot watch the connection to %s: %s", l->endpoint, zmq_strerror(zmq_errno()));
+    if (!st) zmq_setsockopt(l->mon, ZMQ_LINGER, &zero, sizeof zero);
+    if (!st && zmq_connect(l->out, l->endpoint) != 0)
+        st = ts_error(TS_ERR_IO, "ring: cannot connect to %s: %s", l->endpoint, zmq_strerror(zmq_errno()));
+    if (st) conn_shut(l);
+    return st;
+}
+
+/* The port's connection to endpoint, opened on first use; one that
+ * dropped is connected afresh (the peer may be back). */
+static peer_conn *port_conn(ts_ring_port *p, const char *endpoint) {
+    int i = 0;
+    while (i < p->nconns && strcmp(p->conns[i]->endpoint, endpoint) != 0) i++;
+    if (i == p->nconns) {
+        peer_conn *l = calloc(1, sizeof *l);
+        if (!l || !grow((void **)&p->conns, &p->cap_conns, p->nconns + 1, sizeof *p->conns, 0)) {
+            free(l);
+            ts_error(TS_ERR_MEMORY, "ring: out of memory for a connection to %s", endpoint);
+            return NULL;
+        }
+        snprintf(l->endpoint, sizeof l->endpoint, "%s", endpoint);
+        p->conns[p->nconns++] = l;
+    }
+    peer_conn *l = p->conns[i];
+    if ((!l->out || l->gone) && conn_connect(p, l)) return NULL;
+    return l;
+}
+
+/* Closes the connections no communicator holds to endpoints not among
+ * peers (processes that left the job). */
+static void prune_conns(ts_ring_port *p, const char *const *peers, int npeers) {
+    for (int i = 0; i < p->nconns;) {
+        bool wanted = p->conns[i]->users > 0;
+        for (int k = 0; !wanted && peers && k < npeers; k++) wanted = strcmp(peers[k], p->conns[i]->endpoint) == 0;
+        if (wanted) {
+            i++;
+            continue;
+        }
+        conn_close(p->conns[i]);
+        p->conns[i] = p->conns[--p->nconns];
     }
 }
 
@@ -132,6 +238,8 @@ const char *ts_ring_port_endpoint(const ts_ring_port *p) { return p->endpoint; }
 void ts_ring_port_close(ts_ring_port *p) {
     if (!p) return;
     drop_kept(p, UINT64_MAX);
+    for (int i = 0; i < p->nconns; i++) conn_close(p->conns[i]);
+    free(p->conns);
     if (p->in) zmq_close(p->in);
     ts_secure_zap_stop(p->zap);
     if (p->ctx) zmq_ctx_term(p->ctx);
@@ -143,11 +251,15 @@ void ts_ring_port_close(ts_ring_port *p) {
 typedef struct {
     ts_ring_port *port;
     int rank, size;
-    void **out, **mon;        /* PUSH socket and its monitor per peer, or NULL */
-    double *gone;             /* when each peer's connection dropped, 0: it did not */
+    peer_conn **to;          /* the connection to each peer, or NULL: not used yet */
     ts_proto_limits lim;
     uint64_t coll_seq;        /* collectives run so far */
     uint64_t *sent, *recvd;   /* pair streams: messages sent to / received from each peer */
+    struct {
+        double at;            /* when this communicator first heard of a newer generation, 0: not */
+        int rank;
+        uint64_t generation;
+    } moved;
 } ring;
 
 /* The wire dtype of a tensor dtype. */
@@ -167,50 +279,26 @@ static const char *peer_endpoint(const ts_comm *c, int peer) {
     return cfg->peers ? cfg->peers[peer] : "?";
 }
 
-/* The PUSH socket to peer, connected (with a monitor for its connection)
- * on first use. */
-static void *out_socket(ts_comm *c, ring *rg, int peer) {
-    if (rg->out[peer]) return rg->out[peer];
-    ts_ring_port *p = rg->port;
-    void *s = zmq_socket(p->ctx, ZMQ_PUSH), *m = NULL;
-    static _Atomic unsigned monitors; /* inproc names outlive a closing socket: never reuse one */
-    char mon[64];
-    snprintf(mon, sizeof mon, "inproc://ring-monitor-%u", ++monitors);
-    int hwm = QUEUE_MESSAGES, zero = 0, linger = LINGER_MS, timeout = ts_comm_config_of(c)->timeout_ms;
-    ts_status st = s ? TS_OK : ts_error(TS_ERR_IO, "ring: zmq_socket: %s", zmq_strerror(zmq_errno()));
-    if (!st) {
-        zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
-        zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
-        zmq_setsockopt(s, ZMQ_SNDTIMEO, &timeout, sizeof timeout);
-        if (p->curve) st = ts_secure_client(s, &p->keys);
-    }
-    if (!st && (zmq_socket_monitor(s, mon, ZMQ_EVENT_DISCONNECTED) != 0 || !(m = zmq_socket(p->ctx, ZMQ_PAIR)) ||
-                zmq_connect(m, mon) != 0))
-        st = ts_error(TS_ERR_IO, "ring: cannot watch the connection to rank %d: %s", peer, zmq_strerror(zmq_errno()));
-    if (!st && zmq_connect(s, peer_endpoint(c, peer)) != 0)
-        st = ts_error(TS_ERR_IO, "ring: cannot connect to rank %d at %s: %s", peer, peer_endpoint(c, peer),
-                      zmq_strerror(zmq_errno()));
-    if (st) {
-        if (m) zmq_close(m);
-        if (s) zmq_close(s);
+/* The connection to peer, taken from the port on first use. */
+static peer_conn *rank_conn(ts_comm *c, ring *rg, int peer) {
+    if (rg->to[peer]) return rg->to[peer];
+    peer_conn *l = port_conn(rg->port, peer_endpoint(c, peer));
+    if (!l) {
+        ts_error(ts_last_status(), "rank %d: %s", peer, ts_last_error());
         return NULL;
     }
-    zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero);
-    rg->out[peer] = s;
-    rg->mon[peer] = m;
-    return s;
+    int timeout = ts_comm_config_of(c)->timeout_ms;
+    zmq_setsockopt(l->out, ZMQ_SNDTIMEO, &timeout, sizeof timeout);
+    l->users++;
+    return rg->to[peer] = l;
 }
 
 static void ring_close(ts_comm *c) {
     ring *rg = ts_comm_impl(c);
     if (!rg) return;
-    for (int i = 0; i < rg->size; i++) {
-        if (rg->out[i]) zmq_close(rg->out[i]);
-        if (rg->mon[i]) zmq_close(rg->mon[i]);
-    }
-    free(rg->out);
-    free(rg->mon);
-    free(rg->gone);
+    for (int i = 0; rg->to && i < rg->size; i++)
+        if (rg->to[i]) rg->to[i]->users--;
+    free(rg->to);
     free(rg->sent);
     free(rg->recvd);
     free(rg);
@@ -227,12 +315,10 @@ static ts_status ring_open(ts_comm *c) {
     rg->port = cfg->native;
     rg->rank = cfg->rank;
     rg->size = cfg->size;
-    rg->out = calloc((size_t)cfg->size, sizeof *rg->out);
-    rg->mon = calloc((size_t)cfg->size, sizeof *rg->mon);
-    rg->gone = calloc((size_t)cfg->size, sizeof *rg->gone);
+    rg->to = calloc((size_t)cfg->size, sizeof *rg->to);
     rg->sent = calloc((size_t)cfg->size, sizeof *rg->sent);
     rg->recvd = calloc((size_t)cfg->size, sizeof *rg->recvd);
-    if (!rg->out || !rg->mon || !rg->gone || !rg->sent || !rg->recvd) {
+    if (!rg->to || !rg->sent || !rg->recvd) {
         ring_close(c);
         return ts_error(TS_ERR_MEMORY, "communicator ring: out of memory for %d ranks", cfg->size);
     }
@@ -244,9 +330,10 @@ static ts_status ring_open(ts_comm *c) {
     rg->lim.generation = cfg->generation;
     rg->lim.job = rg->port->job;
     drop_kept(rg->port, cfg->generation);
+    prune_conns(rg->port, cfg->peers, cfg->size);
     /* the neighbours are connected now, so that their handshakes overlap */
     int next = (cfg->rank + 1) % cfg->size, prev = (cfg->rank + cfg->size - 1) % cfg->size;
-    if (cfg->size > 1 && (!out_socket(c, rg, next) || !out_socket(c, rg, prev))) {
+    if (cfg->size > 1 && (!rank_conn(c, rg, next) || !rank_conn(c, rg, prev))) {
         ts_status st = ts_last_status();
         ring_close(c);
         return st;
@@ -287,22 +374,6 @@ static int chunks_of(span s, int64_t chunk) { return s.n ? (int)((s.n + chunk - 
 static span chunk_at(span s, int64_t chunk, int k) {
     int64_t lo = s.lo + (int64_t)k * chunk;
     return (span){lo, s.lo + s.n - lo < chunk ? s.lo + s.n - lo : chunk};
-}
-
-static bool grow(void **p, int *cap, int need, size_t a, size_t b) {
-    if (need <= *cap) return true;
-    int cap2 = *cap ? *cap * 2 : 64;
-    while (cap2 < need) cap2 *= 2;
-    void *q = realloc(p[0], (size_t)cap2 * a);
-    if (!q) return false;
-    p[0] = q;
-    if (b) {
-        void *r = realloc(p[1], (size_t)cap2 * b);
-        if (!r) return false;
-        p[1] = r;
-    }
-    *cap = cap2;
-    return true;
 }
 
 /* Appends the chunks of segment s as sends; chunk k forwards receive
@@ -413,7 +484,7 @@ static ts_status send_chunk(ts_comm *c, ring *rg, const ts_comm_op *op, const fl
     ts_proto_range range = {(uint64_t)s.lo, (uint64_t)s.n};
     ts_status st = ts_proto_msg_set_ranges(&h, &range, 1);
     ts_proto_payload p = {buf + (size_t)s.lo * esize, (size_t)s.n * esize, NULL, NULL};
-    if (!st) st = ts_proto_send(rg->out[f->to], NULL, &h, &p, 1, ZMQ_DONTWAIT);
+    if (!st) st = ts_proto_send(rg->to[f->to]->out, NULL, &h, &p, 1, ZMQ_DONTWAIT);
     if (!st) ts_comm_count_sent(c, (uint64_t)s.n * esize);
     ts_proto_msg_free(&h);
     return st;
@@ -484,11 +555,13 @@ static ts_status take(ts_comm *c, ring *rg, const ts_comm_op *op, flow_plan *fl,
     bool chunk = m->type == TS_MSG_COLLECTIVE && m->nranges == 1 && m->nlengths == 1 && m->flow <= FLOW_PAIR &&
                  m->rank >= 0;
     if (chunk && m->generation > g) { /* the sender moved on (its world may be larger): keep the chunk for
-                                       * the next communicator */
-        ts_status st = keep(rg->port, m);
-        return st ? st : ts_error(TS_ERR_STATE, "rank %d (%s) is in generation %llu already", m->rank,
-                                  m->rank < rg->size ? peer_endpoint(c, m->rank) : "a new peer",
-                                  (unsigned long long)m->generation);
+                                       * the next communicator, and note the move */
+        if (!rg->moved.at) {
+            rg->moved.at = ts_clock_ms();
+            rg->moved.rank = m->rank;
+            rg->moved.generation = m->generation;
+        }
+        return keep(rg->port, m);
     }
     if (m->rank < 0 || m->rank >= rg->size || m->rank == rg->rank) return TS_OK; /* not a peer: ignored */
     if (m->type == TS_MSG_ERROR && m->generation == g)
@@ -549,20 +622,20 @@ static int waiting_for(const flow_plan *fl, int nflows) {
     return -1;
 }
 
-/* Reads one event from the monitor of peer's socket and notes when the
- * connection dropped (the peer's process died or closed its port). */
-static void read_monitor(ring *rg, int peer) {
+/* Reads one event from the monitor of a connection and notes when it
+ * dropped (the peer's process died or closed its port). */
+static void read_monitor(peer_conn *l) {
     zmq_msg_t ev, addr;
     zmq_msg_init(&ev);
     zmq_msg_init(&addr);
     uint16_t event = 0;
-    if (zmq_msg_recv(&ev, rg->mon[peer], ZMQ_DONTWAIT) >= 6) {
+    if (zmq_msg_recv(&ev, l->mon, ZMQ_DONTWAIT) >= 6) {
         memcpy(&event, zmq_msg_data(&ev), 2);
-        zmq_msg_recv(&addr, rg->mon[peer], 0); /* the event's second frame */
+        zmq_msg_recv(&addr, l->mon, 0); /* the event's second frame */
     }
     zmq_msg_close(&ev);
     zmq_msg_close(&addr);
-    if (event == ZMQ_EVENT_DISCONNECTED && !rg->gone[peer]) rg->gone[peer] = ts_clock_ms();
+    if (event == ZMQ_EVENT_DISCONNECTED && !l->gone) l->gone = ts_clock_ms();
 }
 
 /* A plan cannot finish when it still has to send to, or receive from, a
@@ -574,11 +647,20 @@ static ts_status check_gone(ts_comm *c, const ring *rg, const flow_plan *fl, int
         const flow_plan *f = &fl[i];
         int peers[2] = {f->sent < f->nsend ? f->to : -1, f->got < f->nrecv ? f->from : -1};
         for (int k = 0; k < 2; k++)
-            if (peers[k] >= 0 && rg->gone[peers[k]] && now - rg->gone[peers[k]] > GONE_GRACE_MS)
+            if (peers[k] >= 0 && rg->to[peers[k]] && rg->to[peers[k]]->gone &&
+                now - rg->to[peers[k]]->gone > GONE_GRACE_MS)
                 return ts_error(TS_ERR_PEER, "the connection to rank %d (%s) dropped", peers[k],
                                 peer_endpoint(c, peers[k]));
     }
     return TS_OK;
+}
+
+/* The error of an operation that heard of a newer generation and cannot
+ * finish: its peers have moved on. */
+static ts_status moved_error(ts_comm *c, const ring *rg) {
+    return ts_error(TS_ERR_STATE, "a peer is in generation %llu already (as its rank %d), and generation %llu "
+                    "stopped making progress", (unsigned long long)rg->moved.generation, rg->moved.rank,
+                    (unsigned long long)ts_comm_config_of(c)->generation);
 }
 
 /* Adds the monitors of the peers the plan talks to (once each). */
@@ -587,9 +669,9 @@ static int watch_peers(const ring *rg, const flow_plan *fl, int nflows, zmq_poll
         int peers[2] = {fl[i].to, fl[i].from};
         for (int k = 0; k < 2; k++) {
             int p = peers[k];
-            bool seen = p < 0 || !rg->mon[p];
-            for (int j = 0; !seen && j < nitems; j++) seen = items[j].socket == rg->mon[p];
-            if (!seen && nitems < cap) items[nitems++] = (zmq_pollitem_t){rg->mon[p], 0, ZMQ_POLLIN, 0};
+            bool seen = p < 0 || !rg->to[p];
+            for (int j = 0; !seen && j < nitems; j++) seen = items[j].socket == rg->to[p]->mon;
+            if (!seen && nitems < cap) items[nitems++] = (zmq_pollitem_t){rg->to[p]->mon, 0, ZMQ_POLLIN, 0};
         }
     }
     return nitems;
@@ -615,7 +697,7 @@ static ts_status run_plan(ts_comm *c, ring *rg, const ts_comm_op *op, flow_plan 
                 st = send_chunk(c, rg, op, f, f->send[f->sent], buf, esize);
                 if (st == TS_ERR_TIMEOUT) { /* queue full: wait until it drains */
                     st = TS_OK;
-                    items[nitems++] = (zmq_pollitem_t){rg->out[f->to], 0, ZMQ_POLLOUT, 0};
+                    items[nitems++] = (zmq_pollitem_t){rg->to[f->to]->out, 0, ZMQ_POLLOUT, 0};
                     break;
                 }
                 if (!st) {
@@ -641,7 +723,10 @@ static ts_status run_plan(ts_comm *c, ring *rg, const ts_comm_op *op, flow_plan 
         for (int k = first_mon; k < nitems; k++)
             if (items[k].revents & ZMQ_POLLIN)
                 for (int p = 0; p < rg->size; p++)
-                    if (rg->mon[p] == items[k].socket) read_monitor(rg, p);
+                    if (rg->to[p] && rg->to[p]->mon == items[k].socket) {
+                        read_monitor(rg->to[p]);
+                        break;
+                    }
         while (!st) {
             ts_proto_error e = ts_proto_recv(rg->port->in, &rg->lim, ZMQ_DONTWAIT, &rx);
             if (e == TS_PROTO_E_AGAIN) break;
@@ -653,7 +738,11 @@ static ts_status run_plan(ts_comm *c, ring *rg, const ts_comm_op *op, flow_plan 
                 st = ts_error(TS_ERR_IO, "ring: receive: %s", ts_last_error());
             } /* else: a stale or malformed message, dropped */
         }
-        if (!st) st = check_gone(c, rg, fl, nflows);
+        /* a peer that moved to a newer generation, then left, is named for the move */
+        if (!st && check_gone(c, rg, fl, nflows)) st = rg->moved.at ? moved_error(c, rg) : ts_last_status();
+        if (!st && !progress && rg->moved.at &&
+            ts_clock_ms() - (last > rg->moved.at ? last : rg->moved.at) > MOVED_GRACE_MS)
+            st = moved_error(c, rg);
         if (st) break;
         if (ts_comm_aborted(c)) {
             st = ts_error(TS_ERR_STATE, "abandoned");
@@ -745,7 +834,7 @@ static ts_status run_pair(ts_comm *c, ring *rg, const ts_comm_op *op) {
     int first;
     ts_status st = sending ? plan_send(&f, all, chunk_elems(op->dtype), -1)
                            : plan_recv(&f, all, chunk_elems(op->dtype), APPLY_COPY, &first);
-    if (!st && sending && !out_socket(c, rg, op->peer)) st = ts_last_status();
+    if (!st && sending && !rank_conn(c, rg, op->peer)) st = ts_last_status();
     if (!st) st = run_plan(c, rg, op, &f, 1, sending ? (char *)op->send : op->recv);
     if (!st) (sending ? rg->sent : rg->recvd)[op->peer]++;
     plan_free(&f);
@@ -760,8 +849,8 @@ static void tell_neighbours(ts_comm *c, ring *rg) {
     snprintf(reason, sizeof reason, "%s", ts_last_error());
     int near[2] = {(rg->rank + 1) % rg->size, (rg->rank + rg->size - 1) % rg->size};
     for (int k = 0; k < 2; k++)
-        if (rg->out[near[k]] && !rg->gone[near[k]])
-            ts_proto_send_error(rg->out[near[k]], NULL, rg->port->job, ts_comm_config_of(c)->generation, rg->rank,
+        if (rg->to[near[k]] && !rg->to[near[k]]->gone)
+            ts_proto_send_error(rg->to[near[k]]->out, NULL, rg->port->job, ts_comm_config_of(c)->generation, rg->rank,
                                 TS_PROTO_E_INTERNAL, reason);
     ts_error(ts_last_status() ? ts_last_status() : TS_ERR_PEER, "%s", reason);
 }

@@ -5,8 +5,11 @@
  * that every peer sends to. The port lives as long as the process and is
  * announced to the scheduler when the process joins; each generation's
  * communicator (ts_comm_create with ts_comm_ring_backend, cfg.native = the
- * port, cfg.peers = every rank's port endpoint) connects a PUSH socket to
- * each peer it talks to.
+ * port, cfg.peers = every rank's port endpoint) sends to each peer it talks
+ * to over the port's PUSH connection to that peer. The connection outlives
+ * the communicator, so a peer receives a rank's chunks in the order they
+ * were sent, across generations; it is closed once the peer is in no
+ * generation any more, and connected afresh after it dropped.
  *
  * Collectives run as rings in both directions at once: the buffer's first
  * half flows to the next rank and its second half to the previous one, so
@@ -19,8 +22,9 @@
  * No operation hangs: one that makes no progress for the communicator's
  * timeout, or whose peer's connection drops (a process that died), fails
  * with the operation, its step and the peer's rank and endpoint; messages
- * of older generations are dropped, a newer generation's fails the
- * operation (the peer has moved on).
+ * of older generations are dropped, a newer generation's are kept for it,
+ * and an operation that heard of a newer generation fails once it makes no
+ * progress for half a second (its peers have moved on).
  */
 #ifndef TS_COLLECTIVE_RING_H
 #define TS_COLLECTIVE_RING_H
