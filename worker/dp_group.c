@@ -89,6 +89,12 @@ ts_status ts_dp_group_run(ts_dp_group *g, ts_comm_op *op) {
     return st ? st : ts_dp_group_finish(g, req);
 }
 
+ts_status ts_dp_group_sums(ts_dp_group *g, double *v, int n) {
+    ts_comm_op op = {.kind = TS_COMM_ALLREDUCE, .send = v, .recv = v, .count = n, .dtype = TS_F64,
+                     .op = TS_REDUCE_SUM, .step = g->s->trainer->step};
+    return ts_dp_group_run(g, &op);
+}
+
 ts_status ts_dp_group_meet(ts_dp_group *g, ts_comm_kind kind, const void *send, void *recv, int64_t count,
                            ts_dtype dt) {
     ts_member_info info;
@@ -191,6 +197,11 @@ ts_status ts_dp_group_regroup(ts_dp_group *g) {
         ts_status st = g->mpi_comm ? start_mpi(g) : start_ring(g);
         if (!st) st = g->hooks.agree(g->s);
         if (!st) st = ts_trainer_follow_group(g->s->trainer);
+        /* the ranks that were evaluating redo it only when all were: a rank
+         * still in (or already past) the step goes on with the next one */
+        double votes = g->evaluating;
+        if (!st) st = ts_dp_group_meet(g, TS_COMM_ALLREDUCE, &votes, &votes, 1, TS_F64);
+        g->all_evaluating = !st && votes == g->s->group.world;
         if (!st || g->mpi_comm) return st;
         fprintf(stderr, "generation %llu: %s; waiting for the next one\n", (unsigned long long)g->next_generation,
                 ts_last_error());
@@ -218,12 +229,29 @@ ts_status ts_dp_group_begin_step(ts_dp_group *g) {
     return st;
 }
 
+/* Whether an operation that failed with st is worth redoing in the next
+ * generation: a peer's failure, not this process's own. */
+static bool peers_failure(const ts_dp_group *g, ts_status st) {
+    return !g->mpi_comm && (g->pending || (st != TS_ERR_SHAPE && st != TS_ERR_DTYPE && st != TS_ERR_MEMORY));
+}
+
+ts_status ts_dp_group_recover(ts_dp_group *g, ts_status failed, bool *again) {
+    *again = false;
+    if (!peers_failure(g, failed)) return failed;
+    ts_status st = ts_dp_group_await(g);
+    if (st || g->s->finished) return st;
+    g->evaluating = true;
+    st = ts_dp_group_regroup(g);
+    g->evaluating = false;
+    *again = g->all_evaluating;
+    return st;
+}
+
 ts_status ts_dp_group_grads(ts_dp_group *g, double *loss, int64_t *samples) {
     ts_trainer *t = g->s->trainer;
     for (;;) {
         ts_status st = g->hooks.try_step(g->s, loss, samples);
-        if (!st || g->mpi_comm) return st;
-        if (!g->pending && (st == TS_ERR_SHAPE || st == TS_ERR_DTYPE || st == TS_ERR_MEMORY)) return st;
+        if (!st || !peers_failure(g, st)) return st;
         fprintf(stderr, "step %lld abandoned: %s\n", (long long)t->step + 1, ts_last_error());
         if ((st = ts_dp_group_await(g)) || g->s->finished) return st;
         if ((st = ts_dp_group_regroup(g))) return st;

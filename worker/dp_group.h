@@ -49,6 +49,9 @@ typedef struct {
     bool in_step;
     ts_loader_pos step_start;
     uint64_t sent_at_start; /* the communicator's sent bytes when the step began */
+    /* a regroup's vote: whether this rank was evaluating, and whether every
+     * rank of the new generation was */
+    bool evaluating, all_evaluating;
 } ts_dp_group;
 
 /* Opens the port of o's job (ts_ring_port_for_job, tagged what) and puts
@@ -75,6 +78,9 @@ ts_status ts_dp_group_finish(ts_dp_group *g, ts_comm_req *req);
 
 /* Starts op and finishes it (ts_dp_group_finish). */
 ts_status ts_dp_group_run(ts_dp_group *g, ts_comm_op *op);
+
+/* reduce_sums: sums n numbers over the group in place (ts_dp_group_run). */
+ts_status ts_dp_group_sums(ts_dp_group *g, double *v, int n);
 
 /* A collective of a regroup: kind over count elements of buf (root 0 for a
  * broadcast). Peers meet here after a membership change, some still
@@ -106,6 +112,13 @@ ts_status ts_dp_group_begin_step(ts_dp_group *g);
  * after each failure in a changed world; a failure that is no peer's
  * (shape, dtype, memory) is returned. */
 ts_status ts_dp_group_grads(ts_dp_group *g, double *loss, int64_t *samples);
+
+/* recover: after an evaluation's collective failed with `failed`: unless
+ * the failure is no peer's (shape, dtype, memory) or the job runs under
+ * mpirun, waits for the next generation and regroups; *again says whether
+ * every rank of it was evaluating too (then all evaluate again, else the
+ * group goes on with the next step and the evaluation is skipped). */
+ts_status ts_dp_group_recover(ts_dp_group *g, ts_status failed, bool *again);
 
 /* end_step: the step is done (the scheduler is told); the payload sent
  * during it goes to s->times.sent_bytes. */

@@ -125,7 +125,11 @@ static ts_status ddp_grads(ts_strategy *s, double *loss, int64_t *samples) {
 }
 
 static ts_status ddp_reduce_sums(ts_strategy *s, double *v, int n) {
-    return ts_comm_allreduce(((ddp_strategy *)s)->g.comm, v, v, n, TS_F64, TS_REDUCE_SUM);
+    return ts_dp_group_sums(&((ddp_strategy *)s)->g, v, n);
+}
+
+static ts_status ddp_recover(ts_strategy *s, ts_status failed, bool *again) {
+    return ts_dp_group_recover(&((ddp_strategy *)s)->g, failed, again);
 }
 
 static ts_status ddp_end_step(ts_strategy *s, int64_t step) { return ts_dp_group_end_step(&((ddp_strategy *)s)->g, step); }
@@ -156,6 +160,7 @@ static const ts_strategy_ops ddp_ops = {
     .end_step = ddp_end_step,
     .save = ddp_save,
     .load = ts_strategy_load_whole,
+    .recover = ddp_recover,
     .free = ddp_free,
 };
 

@@ -722,8 +722,11 @@ static ts_status fsdp_reduce_sq_norm(ts_strategy *s, double local, double *globa
 }
 
 static ts_status fsdp_reduce_sums(ts_strategy *s, double *v, int n) {
-    fsdp_strategy *f = (fsdp_strategy *)s;
-    return ts_comm_allreduce(f->g.comm, v, v, n, TS_F64, TS_REDUCE_SUM);
+    return ts_dp_group_sums(&((fsdp_strategy *)s)->g, v, n);
+}
+
+static ts_status fsdp_recover(ts_strategy *s, ts_status failed, bool *again) {
+    return ts_dp_group_recover(&((fsdp_strategy *)s)->g, failed, again);
 }
 
 /* After the optimizer step the shards changed: every gathered copy is old. */
@@ -828,6 +831,7 @@ static const ts_strategy_ops fsdp_ops = {
     .end_step = fsdp_end_step,
     .save = fsdp_save,
     .load = ts_strategy_load_whole, /* before attach: the whole model, cut by attach */
+    .recover = fsdp_recover,
     .free = fsdp_free,
 };
 

@@ -493,12 +493,28 @@ ts_status ts_trainer_save(ts_trainer *t, char *path, size_t cap) { return t->str
 
 /* ---- the loop ---- */
 
-/* Validation pass with its log and metrics lines (the leader's). */
+/* Validation (or test) pass with its log and metrics lines (the
+ * leader's). An evaluation that fails because the world changed under it
+ * (a peer died or joined) runs again in the next generation when every
+ * rank there was evaluating too, or after the last step (a rank that was
+ * still in it evaluates next); otherwise the group went on with the next
+ * step without it. When the regroup moved the job back to an earlier step
+ * it is moot, and the loop trains on. */
 static ts_status run_eval(ts_trainer *t, bool test) {
-    ts_eval_stats e;
-    ts_status st = ts_trainer_eval(t, test, test ? 0 : t->job.train.eval_batches, &e);
-    if (!st && t->strategy->group.leader) ts_metrics_eval(t->metrics, t->step, test ? "test" : "val", &e);
-    return st;
+    int64_t at = t->step;
+    for (;;) {
+        ts_eval_stats e;
+        ts_status st = ts_trainer_eval(t, test, test ? 0 : t->job.train.eval_batches, &e);
+        if (!st && t->strategy->group.leader) ts_metrics_eval(t->metrics, t->step, test ? "test" : "val", &e);
+        if (!st || !t->strategy->ops->recover) return st;
+        fprintf(stderr, "evaluation at step %lld abandoned: %s\n", (long long)at, ts_last_error());
+        bool again;
+        if ((st = t->strategy->ops->recover(t->strategy, st, &again)) || t->strategy->finished || t->step != at) return st;
+        if (!again && t->step < t->total_steps) {
+            fprintf(stderr, "evaluation at step %lld skipped: the group went on with the next step\n", (long long)at);
+            return TS_OK;
+        }
+    }
 }
 
 /* Whether the loop goes on: steps left, no stop asked, the job not ended. */
@@ -506,38 +522,45 @@ static bool more_steps(const ts_trainer *t, volatile sig_atomic_t *stop) {
     return t->step < t->total_steps && !(stop && *stop) && !t->strategy->finished;
 }
 
+/* Whether the job is short of its last step again after a regroup in its
+ * final evaluation moved it back (a lost shard reloaded): it trains on. */
+static bool moved_back(const ts_trainer *t) { return t->step < t->total_steps && !t->strategy->finished; }
+
 ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop) {
     const ts_job_train *tr = &t->job.train;
     if (t->strategy->group.leader) ts_metrics_banner(t);
     ts_status st = TS_OK;
     char ckpt[1200] = "";
-    while (!st && more_steps(t, stop)) {
-        ts_step_stats s;
-        int64_t before = t->step;
-        st = ts_trainer_step(t, &s);
-        if (st || t->step == before) break; /* failed, or the job ended at begin_step */
-        /* a worker that became the group's leader (the old one left) takes over the metrics */
-        if (t->strategy->group.leader && !t->metrics && t->run_dir[0] &&
-            !(t->metrics = ts_metrics_open(t->run_dir, t->step))) {
-            st = ts_last_status();
-            break;
+    for (;;) {
+        while (!st && more_steps(t, stop)) {
+            ts_step_stats s;
+            int64_t before = t->step;
+            st = ts_trainer_step(t, &s);
+            if (st || t->step == before) break; /* failed, or the job ended at begin_step */
+            /* a worker that became the group's leader (the old one left) takes over the metrics */
+            if (t->strategy->group.leader && !t->metrics && t->run_dir[0] &&
+                !(t->metrics = ts_metrics_open(t->run_dir, t->step))) {
+                st = ts_last_status();
+                break;
+            }
+            if (t->strategy->group.leader && (t->step % tr->log_every == 0 || t->step == t->total_steps))
+                ts_metrics_step(t->metrics, &s, t->total_steps);
+            if (tr->eval_every && t->step % tr->eval_every == 0 && t->step < t->total_steps) st = run_eval(t, false);
+            if (!st && tr->checkpoint_every && t->step % tr->checkpoint_every == 0)
+                st = ts_trainer_save(t, ckpt, sizeof ckpt);
         }
-        if (t->strategy->group.leader && (t->step % tr->log_every == 0 || t->step == t->total_steps))
-            ts_metrics_step(t->metrics, &s, t->total_steps);
-        if (tr->eval_every && t->step % tr->eval_every == 0 && t->step < t->total_steps) st = run_eval(t, false);
-        if (!st && tr->checkpoint_every && t->step % tr->checkpoint_every == 0)
+        if (t->strategy->group.leader) ts_metrics_end_progress();
+        if (st || t->strategy->finished) return st;
+        if (stop && *stop) {
             st = ts_trainer_save(t, ckpt, sizeof ckpt);
-    }
-    if (t->strategy->group.leader) ts_metrics_end_progress();
-    if (st || t->strategy->finished) return st;
-    if (stop && *stop) {
+            if (!st && ckpt[0]) printf("interrupted at step %lld; checkpoint %s\n", (long long)t->step, ckpt);
+            return st ? st : ts_error(TS_ERR_STATE, "training interrupted at step %lld", (long long)t->step);
+        }
         st = ts_trainer_save(t, ckpt, sizeof ckpt);
-        if (!st && ckpt[0]) printf("interrupted at step %lld; checkpoint %s\n", (long long)t->step, ckpt);
-        return st ? st : ts_error(TS_ERR_STATE, "training interrupted at step %lld", (long long)t->step);
+        if (!st) st = run_eval(t, false);
+        if (!st && t->test_set && !t->strategy->finished && !moved_back(t)) st = run_eval(t, true);
+        if (st || !moved_back(t)) break;
     }
-    st = ts_trainer_save(t, ckpt, sizeof ckpt);
-    if (!st) st = run_eval(t, false);
-    if (!st && t->test_set) st = run_eval(t, true);
     if (!st && ckpt[0]) printf("checkpoint: %s\n", ckpt);
     return st;
 }

@@ -328,6 +328,33 @@ const char *th_job_file(const char *name, const char *arch, int steps, int batch
     return th_write(file, text);
 }
 
+void th_kill_in_eval(const char *name, const char *strategy, const char *parallel_extra) {
+    char text[4096], file[128];
+    snprintf(text, sizeof text,
+             "{\"name\": \"%s\", \"seed\": 5, \"steps\": 60,\n"
+             " \"model\": {\"arch\": \"mlp\", \"hidden\": [1024, 1024]},\n"
+             " \"data\": {\"kind\": \"fashion_mnist\", \"val_fraction\": 0.3},\n"
+             " \"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.001}, \"schedule\": {\"kind\": \"constant\"},\n"
+             " \"train\": {\"batch_size\": 32, \"log_every\": 1, \"eval_every\": 20, \"eval_batches\": 0, "
+             "\"checkpoint_every\": 10},\n"
+             " \"parallel\": {\"strategy\": \"%s\", \"workers\": 4, \"min_workers\": 2, \"heartbeat_ms\": 100, "
+             "\"heartbeat_timeout_ms\": 3000%s}}\n",
+             name, strategy, parallel_extra);
+    snprintf(file, sizeof file, "%s.json", name);
+    const char *job = th_write(file, text);
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path(name), NULL};
+    th_proc run = th_start(name, argv);
+    if (th_wait_count(&run, "joined rank=", 4, 60000) != 0) th_dump(&run, "not 4 workers joined");
+    /* the leader logs step 20 once every worker has finished it, and then evaluates */
+    if (th_wait_for(&run, "step 20/60", 120000) != 0) th_dump(&run, "no step 20");
+    pid_t victim = -1;
+    if (th_joined_worker(&run, 2, &victim) < 0) th_dump(&run, "no third worker's pid");
+    kill(victim, SIGKILL);
+    if (th_wait_for(&run, "world size 4 -> 3 workers", 30000) != 0) th_dump(&run, "no new generation of 3");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after losing a worker in evaluation");
+    if (th_count(&run, "evaluation at step 20 abandoned") < 1) th_dump(&run, "no survivor abandoned the evaluation");
+}
+
 void th_run_losses(const char *tag, const char *const *argv, const char *run_dir, double *loss, int steps) {
     th_proc p = th_start(tag, argv);
     if (th_wait(&p, 240000) != 0) th_dump(&p, "the run did not exit 0");

@@ -95,6 +95,16 @@ void th_run_losses(const char *tag, const char *const *argv, const char *run_dir
 void th_run_job(const char *name, const char *arch, int steps, int batch, int accum, const char *parallel,
                 bool resume, double *loss);
 
+/* Starts a job whose evaluations outlast its steps (an MLP of two layers
+ * of 1024, 60 steps of batch 32, a checkpoint every 10 steps and every 20
+ * an evaluation of 30 % of Fashion-MNIST's training images) with 4
+ * workers of strategy (down to 2; parallel_extra is spliced into
+ * "parallel"), kills one that is not the leader as the evaluation of step
+ * 20 starts, and fails unless a survivor abandoned that evaluation, the
+ * job went on at 3 workers and tessera-run exited 0. The run folder is
+ * th_path(name). */
+void th_kill_in_eval(const char *name, const char *strategy, const char *parallel_extra);
+
 /* Fails unless got[s] is want[s] within 1e-5 relative for s in [from, to]. */
 void th_expect_same(const double *got, const double *want, int from, int to, const char *what);
 

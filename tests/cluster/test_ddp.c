@@ -147,6 +147,14 @@ static void test_kill_worker(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* kill -9 of a worker while the others evaluate: they redo the evaluation
+ * at 3 workers and finish. */
+static void test_kill_in_eval(void **state) {
+    (void)state;
+    th_kill_in_eval("ddp-eval-kill", "ddp", "");
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* A worker joined mid-run receives the state and trains in step. */
 static void test_join(void **state) {
     (void)state;
@@ -173,6 +181,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_2),    cmocka_unit_test(test_mlp_4),       cmocka_unit_test(test_gpt_2),
         cmocka_unit_test(test_gpt_4),    cmocka_unit_test(test_mpirun_2),    cmocka_unit_test(test_kill_worker),
+        cmocka_unit_test(test_kill_in_eval),
         cmocka_unit_test(test_join),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);

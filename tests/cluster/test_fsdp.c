@@ -201,6 +201,15 @@ static void test_kill_worker(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* kill -9 of a worker while the others evaluate (their forwards gather
+ * its shards): they reload the last checkpoint at 3 workers, train on from
+ * there and finish. */
+static void test_kill_in_eval(void **state) {
+    (void)state;
+    th_kill_in_eval("fsdp-eval-kill", "fsdp", ", \"fsdp_mode\": \"full\"");
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* A worker joined mid-run gets its shards from the others at the next
  * step boundary (no checkpoint reloaded) and trains in step. */
 static void test_join(void **state) {
@@ -230,7 +239,8 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt_2),  cmocka_unit_test(test_gpt_4),      cmocka_unit_test(test_cnn_2),
         cmocka_unit_test(test_cnn_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_bf16),
-        cmocka_unit_test(test_reshard), cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_join),
+        cmocka_unit_test(test_reshard), cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_kill_in_eval),
+        cmocka_unit_test(test_join),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
