@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "collective/mpi.h"
+#include "collective/nccl.h"
 #include "collective/ring.h"
 
 struct ts_comm_req {
@@ -43,6 +44,9 @@ static const ts_comm_backend *const backends[] = {
     &ts_comm_ring_backend,
 #if TESSERA_WITH_MPI
     &ts_comm_mpi_backend,
+#endif
+#if TESSERA_WITH_NCCL
+    &ts_comm_nccl_backend,
 #endif
 };
 

@@ -177,6 +177,28 @@ static void test_reference_reductions(void **state) {
     assert_true(ts_f32_from_bf16(h[0]) == 0.25f && ts_f32_from_bf16(h[1]) == 64.0f);
 }
 
+/* The NCCL backend is in NCCL builds; without a CUDA device it refuses
+ * to open with a clear error (tests/gpu runs it on a GPU). Several ranks
+ * without the ring port to share the unique id are refused too. */
+static void test_nccl_without_device(void **state) {
+    (void)state;
+#if TESSERA_WITH_NCCL
+    const ts_comm_backend *be = ts_comm_backend_find("nccl");
+    assert_non_null(be);
+    ts_comm_config one = {.rank = 0, .size = 1, .generation = 1, .timeout_ms = 5000};
+    ts_comm *c = ts_comm_create(be, &one);
+    if (c) {
+        print_message("a CUDA device is present: the GPU tests cover nccl\n");
+        ts_comm_free(c);
+        return;
+    }
+    assert_non_null(strstr(ts_last_error(), "communicator nccl: no CUDA device"));
+#else
+    assert_null(ts_comm_backend_find("nccl"));
+    assert_non_null(strstr(ts_last_error(), "no backend \"nccl\" in this build"));
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_find_and_create),
@@ -184,6 +206,7 @@ int main(void) {
         cmocka_unit_test(test_checks),
         cmocka_unit_test(test_nonblocking_order_and_failure),
         cmocka_unit_test(test_reference_reductions),
+        cmocka_unit_test(test_nccl_without_device),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
