@@ -4,12 +4,19 @@
 #include <stdatomic.h>
 
 #include "kernels/ops/cpu/capability.h"
+#if TESSERA_WITH_CUDA
+#include "kernels/ops/cuda/cuda.h"
+#endif
 
 /* The backends by device type; the CPU's is chosen by capability at the
  * first lookup. A device whose kernels are part of this library adds its
  * table here, built when its toolkit is (e.g. under a TESSERA_WITH_...
  * switch). */
-static _Atomic(const ts_backend *) backends[TS_NDEVICE_TYPES];
+static _Atomic(const ts_backend *) backends[TS_NDEVICE_TYPES] = {
+#if TESSERA_WITH_CUDA
+    [TS_DEVICE_CUDA] = &ts_cuda_backend,
+#endif
+};
 
 const ts_backend *ts_backend_cpu(void) {
     const ts_backend *b = atomic_load(&backends[TS_DEVICE_CPU]);
