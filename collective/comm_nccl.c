@@ -17,6 +17,7 @@ typedef struct {
     ncclComm_t comm;
     cudaStream_t stream;
     cudaEvent_t done;
+    cudaEvent_t compute; /* marks the work queued on the compute stream */
     int device;
     float *scratch; /* one float on the device, for barrier */
     bool broken;    /* aborted: every later operation fails */
@@ -77,6 +78,7 @@ static void free_state(nccl_state *s) {
     }
     if (s->scratch) cudaFree(s->scratch);
     if (s->done) cudaEventDestroy(s->done);
+    if (s->compute) cudaEventDestroy(s->compute);
     if (s->stream) cudaStreamDestroy(s->stream);
     free(s);
 }
@@ -94,6 +96,7 @@ static ts_status nccl_open(ts_comm *c) {
     if ((e = cudaGetDevice(&s->device)) != cudaSuccess ||
         (e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&s->compute, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaMalloc((void **)&s->scratch, sizeof(float))) != cudaSuccess)
         st = cuda_error(e, "communicator nccl: setting up the device");
     ncclUniqueId id;
@@ -180,7 +183,13 @@ static ts_status nccl_run(ts_comm *c, const ts_comm_op *op) {
     if (e != cudaSuccess) return cuda_error(e, "selecting the communicator's device");
     bool empty = op->kind != TS_COMM_BARRIER && op->count == 0;
     ts_status st = TS_OK;
-    if (!empty) st = settle(c, s->comm, enqueue(s, op), timeout, "enqueueing");
+    /* the buffers were written by kernels on the compute stream (the
+     * legacy default stream, which this non-blocking stream does not
+     * follow by itself): wait for what is queued there now */
+    if (!empty && ((e = cudaEventRecord(s->compute, 0)) != cudaSuccess ||
+                   (e = cudaStreamWaitEvent(s->stream, s->compute, 0)) != cudaSuccess))
+        st = cuda_error(e, "ordering after compute");
+    if (!st && !empty) st = settle(c, s->comm, enqueue(s, op), timeout, "enqueueing");
     if (!st && !empty && (e = cudaEventRecord(s->done, s->stream)) != cudaSuccess) st = cuda_error(e, "recording");
     if (!st && !empty) st = wait_done(c, s, timeout);
     if (st) {

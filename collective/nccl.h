@@ -10,7 +10,8 @@
  * neither).
  *
  * Every operation's send and recv are device addresses on that GPU. They
- * run on the communicator's own CUDA stream; the progress thread waits for
+ * run on the communicator's own CUDA stream, after the work queued on the
+ * compute stream (runtime.h) when they start; the progress thread waits for
  * them by polling the stream's event and ncclCommGetAsyncError, so that an
  * operation whose peer died or went silent gives up after the timeout (or
  * when ts_comm_abort is called): the NCCL communicator is then aborted

@@ -36,6 +36,17 @@ typedef struct {
     const int64_t *strides;
 } ts_operand;
 
+/* Whether strides are row-major contiguous for shape (dims of size 1 may
+ * have any stride). */
+static inline bool ts_dense_strides(int ndim, const int64_t *shape, const int64_t *strides) {
+    int64_t st = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        if (shape[d] != 1 && strides[d] != st) return false;
+        st *= shape[d];
+    }
+    return true;
+}
+
 /* ---- memory: storage, copies, fills (tensor.c) ---- */
 
 typedef struct {

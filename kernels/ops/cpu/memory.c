@@ -22,16 +22,6 @@ static ts_status cpu_move(int index, void *dst, const void *src, size_t nbytes) 
     return TS_OK;
 }
 
-/* Whether strides are row-major contiguous for shape. */
-static bool dense(int ndim, const int64_t *shape, const int64_t *strides) {
-    int64_t st = 1;
-    for (int d = ndim - 1; d >= 0; d--) {
-        if (shape[d] != 1 && strides[d] != st) return false;
-        st *= shape[d];
-    }
-    return true;
-}
-
 /* n contiguous elements between f32 and bf16 (either way). */
 static void convert_bf16(ts_operand dst, ts_operand src, int64_t n) {
     if (dst.dtype == TS_BF16) {
@@ -96,7 +86,8 @@ static ts_status cpu_copy(int ndim, const int64_t *shape, ts_operand dst, ts_ope
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
     if (n == 0) return TS_OK;
-    if (dense(ndim, shape, dst.strides) && dense(ndim, shape, src.strides) && copy_dense(n, dst, src, acc))
+    if (ts_dense_strides(ndim, shape, dst.strides) && ts_dense_strides(ndim, shape, src.strides) &&
+        copy_dense(n, dst, src, acc))
         return TS_OK;
     /* row by row of the last dim: one div/mod walk per row, then steps */
     int64_t last = ndim ? shape[ndim - 1] : 1, rows = n / last;
@@ -111,7 +102,7 @@ static ts_status cpu_copy(int ndim, const int64_t *shape, ts_operand dst, ts_ope
 static ts_status cpu_fill(int ndim, const int64_t *shape, ts_operand dst, double v) {
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
-    bool flat = dense(ndim, shape, dst.strides);
+    bool flat = ts_dense_strides(ndim, shape, dst.strides);
     if (flat && v == 0.0 && !signbit(v)) {
         memset(dst.data, 0, (size_t)n * ts_dtype_size(dst.dtype));
     } else if (flat && dst.dtype == TS_F32) {

@@ -38,7 +38,8 @@ template <typename T> __device__ inline T dot(const T *a, const T *b, int64_t n)
 
 /* Copies rows [r0, r0 + TILE) of src (rows of n, count rows in all) into
  * dst with row stride ld, zeros past the end; the whole block helps. */
-template <typename T> __device__ inline void load_tile(T *dst, int64_t ld, const T *src, int64_t r0, int64_t count, int64_t n) {
+template <typename T>
+__device__ inline void load_tile(T *dst, int64_t ld, const T *src, int64_t r0, int64_t count, int64_t n) {
     for (int64_t e = threadIdx.x; e < TILE * n; e += blockDim.x) {
         int64_t r = e / n, d = e % n;
         dst[r * ld + d] = r0 + r < count ? src[(r0 + r) * n + d] : (T)0;
@@ -50,7 +51,7 @@ template <typename T> __device__ inline void load_tile(T *dst, int64_t ld, const
 /* Grid (query blocks, heads); warp w of block b owns query b * ROWS + w. */
 template <typename T>
 __global__ void attention_forward_kernel(ts_attention_geom g, const T *q, const T *k, const T *v, T *out, T *lse) {
-    extern __shared__ unsigned char smem_raw[];
+    extern __shared__ __align__(16) unsigned char smem_raw[];
     T *qs = (T *)smem_raw, *ks = qs + ROWS * g.D, *vs = ks + TILE * (g.D + 1);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int64_t h = blockIdx.y, i = (int64_t)blockIdx.x * ROWS + warp;
@@ -95,7 +96,8 @@ __global__ void attention_forward_kernel(ts_attention_geom g, const T *q, const 
 /* ---- backward ---- */
 
 /* delta[r] = dout[r] . out[r] for every query row, a warp per row. */
-template <typename T> __global__ void attention_delta_kernel(const T *out, const T *dout, T *delta, int64_t rows, int64_t Dv) {
+template <typename T>
+__global__ void attention_delta_kernel(const T *out, const T *dout, T *delta, int64_t rows, int64_t Dv) {
     int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     int lane = threadIdx.x % 32;
     if (r >= rows) return;
@@ -110,7 +112,7 @@ template <typename T> __global__ void attention_delta_kernel(const T *out, const
 template <typename T>
 __global__ void attention_dq_kernel(ts_attention_geom g, const T *q, const T *k, const T *v, const T *lse,
                                     const T *delta, const T *dout, T *dq) {
-    extern __shared__ unsigned char smem_raw[];
+    extern __shared__ __align__(16) unsigned char smem_raw[];
     T *qs = (T *)smem_raw, *gs = qs + ROWS * g.D, *ks = gs + ROWS * g.Dv, *vs = ks + TILE * (g.D + 1);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int64_t h = blockIdx.y, i = (int64_t)blockIdx.x * ROWS + warp, row = h * g.Tq + i;
@@ -153,7 +155,7 @@ __global__ void attention_dq_kernel(ts_attention_geom g, const T *q, const T *k,
 template <typename T>
 __global__ void attention_dkdv_kernel(ts_attention_geom g, const T *q, const T *k, const T *v, const T *lse,
                                       const T *delta, const T *dout, T *dk, T *dv) {
-    extern __shared__ unsigned char smem_raw[];
+    extern __shared__ __align__(16) unsigned char smem_raw[];
     T *kk = (T *)smem_raw, *vv = kk + ROWS * g.D, *qs = vv + ROWS * g.Dv, *gs = qs + TILE * (g.D + 1);
     T *ls = gs + TILE * (g.Dv + 1), *dl = ls + TILE;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -216,7 +218,8 @@ static ts_status check_geom(const char *op, const ts_attention_geom *g) {
     if (g->D > MAX_DIM || g->Dv > MAX_DIM)
         return ts_error(TS_ERR_UNSUPPORTED, "%s: head sizes D = %lld, Dv = %lld on cuda (at most %d)", op,
                         (long long)g->D, (long long)g->Dv, MAX_DIM);
-    if (g->BH > 65535) return ts_error(TS_ERR_UNSUPPORTED, "%s: %lld heads on cuda (at most 65535)", op, (long long)g->BH);
+    if (g->BH > 65535)
+        return ts_error(TS_ERR_UNSUPPORTED, "%s: %lld heads on cuda (at most 65535)", op, (long long)g->BH);
     return TS_OK;
 }
 
@@ -246,8 +249,8 @@ static ts_status backward_typed(const ts_attention_geom *g, const void *q, const
     T *delta = (T *)ts_cuda_alloc(dev, dbytes);
     if (!delta) return ts_last_status();
     if (rows > 0)
-        attention_delta_kernel<T><<<(unsigned)((rows * 32 + 255) / 256), 256>>>((const T *)out, (const T *)dout,
-                                                                                  delta, rows, g->Dv);
+        attention_delta_kernel<T>
+            <<<(unsigned)((rows * 32 + 255) / 256), 256>>>((const T *)out, (const T *)dout, delta, rows, g->Dv);
     ts_status st = ts_cuda_launched("attention backward");
     if (!st && dq && g->Tq > 0) {
         dim3 grid((unsigned)((g->Tq + ROWS - 1) / ROWS), (unsigned)g->BH);

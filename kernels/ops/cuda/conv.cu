@@ -71,7 +71,8 @@ static ts_status forward_typed(ts_dtype dt, const ts_conv_geom *g, const T *x, c
     for (int64_t n = 0; n < g->N && !st; n++) {
         im2col_kernel<T><<<ts_cuda_blocks(CKK * L), 256>>>(*g, x + n * g->C * g->H * g->W, col);
         st = ts_cuda_launched("conv2d");
-        if (!st) st = ts_cuda_matmul.gemm(dt, false, false, g->O, L, CKK, 1.0, w, CKK, col, L, 0.0, out + n * g->O * L, L);
+        if (!st)
+            st = ts_cuda_matmul.gemm(dt, false, false, g->O, L, CKK, 1.0, w, CKK, col, L, 0.0, out + n * g->O * L, L);
     }
     if (!st && bias) {
         add_bias_kernel<T><<<ts_cuda_blocks(g->N * g->O * L), 256>>>(*g, bias, out);
@@ -82,24 +83,28 @@ static ts_status forward_typed(ts_dtype dt, const ts_conv_geom *g, const T *x, c
 }
 
 template <typename T>
-static ts_status backward_typed(ts_dtype dt, const ts_conv_geom *g, const T *x, const T *w, const T *dout, T *dw, T *dx) {
+static ts_status backward_typed(ts_dtype dt, const ts_conv_geom *g, const T *x, const T *w, const T *dout, T *dw,
+                                T *dx) {
     int dev;
     size_t bytes;
     T *col = (T *)col_buffer("conv2d backward", g, sizeof(T), &dev, &bytes);
     if (!col) return ts_last_status();
     int64_t CKK = g->C * g->KH * g->KW, L = g->Ho * g->Wo;
     ts_status st = TS_OK;
-    if (dw && g->N == 0) st = ts_cuda_status(cudaMemsetAsync(dw, 0, sizeof(T) * (size_t)(g->O * CKK), 0), "conv2d backward");
+    if (dw && g->N == 0)
+        st = ts_cuda_status(cudaMemsetAsync(dw, 0, sizeof(T) * (size_t)(g->O * CKK), 0), "conv2d backward");
     for (int64_t n = 0; n < g->N && !st; n++) {
         const T *go = dout + n * g->O * L;
         if (dw) {
             im2col_kernel<T><<<ts_cuda_blocks(CKK * L), 256>>>(*g, x + n * g->C * g->H * g->W, col);
             st = ts_cuda_launched("conv2d backward");
-            if (!st) st = ts_cuda_matmul.gemm(dt, false, true, g->O, CKK, L, 1.0, go, L, col, L, n ? 1.0 : 0.0, dw, CKK);
+            if (!st)
+                st = ts_cuda_matmul.gemm(dt, false, true, g->O, CKK, L, 1.0, go, L, col, L, n ? 1.0 : 0.0, dw, CKK);
         }
         if (dx && !st) {
             st = ts_cuda_matmul.gemm(dt, true, false, CKK, L, g->O, 1.0, w, CKK, go, L, 0.0, col, L);
-            if (!st) col2im_kernel<T><<<ts_cuda_blocks(g->C * g->H * g->W), 256>>>(*g, col, dx + n * g->C * g->H * g->W);
+            if (!st)
+                col2im_kernel<T><<<ts_cuda_blocks(g->C * g->H * g->W), 256>>>(*g, col, dx + n * g->C * g->H * g->W);
             if (!st) st = ts_cuda_launched("conv2d backward");
         }
     }
@@ -114,8 +119,8 @@ static ts_status cuda_conv_forward(ts_dtype dt, const ts_conv_geom *g, const voi
     return forward_typed<double>(dt, g, (const double *)x, (const double *)w, (const double *)bias, (double *)out);
 }
 
-static ts_status cuda_conv_backward(ts_dtype dt, const ts_conv_geom *g, const void *x, const void *w,
-                                    const void *dout, void *dw, void *dx) {
+static ts_status cuda_conv_backward(ts_dtype dt, const ts_conv_geom *g, const void *x, const void *w, const void *dout,
+                                    void *dw, void *dx) {
     if (dt == TS_F32)
         return backward_typed<float>(dt, g, (const float *)x, (const float *)w, (const float *)dout, (float *)dw,
                                      (float *)dx);
@@ -125,8 +130,10 @@ static ts_status cuda_conv_backward(ts_dtype dt, const ts_conv_geom *g, const vo
 
 static ts_status cuda_conv_bias_backward(ts_dtype dt, const ts_conv_geom *g, const void *dout, void *db) {
     if (g->O == 0) return TS_OK;
-    if (dt == TS_F32) bias_backward_kernel<float><<<(unsigned)g->O, 256>>>(*g, (const float *)dout, (float *)db);
-    else bias_backward_kernel<double><<<(unsigned)g->O, 256>>>(*g, (const double *)dout, (double *)db);
+    if (dt == TS_F32)
+        bias_backward_kernel<float><<<(unsigned)g->O, 256>>>(*g, (const float *)dout, (float *)db);
+    else
+        bias_backward_kernel<double><<<(unsigned)g->O, 256>>>(*g, (const double *)dout, (double *)db);
     return ts_cuda_launched("conv2d bias backward");
 }
 

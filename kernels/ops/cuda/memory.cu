@@ -30,21 +30,12 @@ __global__ void copy_kernel(int64_t n, void *dst, ts_dtype ddt, walk dw, const v
     }
 }
 
-/* Whether strides are row-major contiguous for shape. */
-static bool dense(int ndim, const int64_t *shape, const int64_t *strides) {
-    int64_t st = 1;
-    for (int d = ndim - 1; d >= 0; d--) {
-        if (shape[d] != 1 && strides[d] != st) return false;
-        st *= shape[d];
-    }
-    return true;
-}
-
 static ts_status cuda_copy(int ndim, const int64_t *shape, ts_operand dst, ts_operand src, bool accumulate) {
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
     if (n == 0) return TS_OK;
-    if (!accumulate && dst.dtype == src.dtype && dense(ndim, shape, dst.strides) && dense(ndim, shape, src.strides))
+    if (!accumulate && dst.dtype == src.dtype && ts_dense_strides(ndim, shape, dst.strides) &&
+        ts_dense_strides(ndim, shape, src.strides))
         return ts_cuda_status(
             cudaMemcpyAsync(dst.data, src.data, (size_t)n * ts_dtype_size(dst.dtype), cudaMemcpyDeviceToDevice, 0),
             "copy");
@@ -62,7 +53,7 @@ static ts_status cuda_fill(int ndim, const int64_t *shape, ts_operand dst, doubl
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
     if (n == 0) return TS_OK;
-    if (value == 0 && dense(ndim, shape, dst.strides) && !signbit(value))
+    if (value == 0 && !signbit(value) && ts_dense_strides(ndim, shape, dst.strides))
         return ts_cuda_status(cudaMemsetAsync(dst.data, 0, (size_t)n * ts_dtype_size(dst.dtype), 0), "fill");
     fill_kernel<<<ts_cuda_blocks(n), 256>>>(n, dst.data, dst.dtype, make_walk(ndim, shape, dst.strides), value);
     return ts_cuda_launched("fill");

@@ -55,8 +55,10 @@ __global__ void pool_backward_kernel(ts_pool_geom g, const T *dout, const int32_
         for (int64_t oh = oh0; oh < oh1; oh++)
             for (int64_t ow = ow0; ow < ow1; ow++) {
                 int64_t o = (p * g.Ho + oh) * g.Wo + ow;
-                if (!is_max) s += dout[o];
-                else if (idx[o] == ih * g.W + iw) s += dout[o];
+                if (!is_max)
+                    s += dout[o];
+                else if (idx[o] == ih * g.W + iw)
+                    s += dout[o];
             }
         dx[e] = is_max ? s : s * (T)(1.0 / (double)(g.kh * g.kw));
     }
@@ -68,7 +70,8 @@ template <typename T> static ts_status pool(const ts_pool_geom *g, const void *x
     return ts_cuda_launched(mx ? "max_pool2d" : "avg_pool2d");
 }
 
-template <typename T> static ts_status pool_backward(const ts_pool_geom *g, const void *dout, const int32_t *idx, void *dx, bool mx) {
+template <typename T>
+static ts_status pool_backward(const ts_pool_geom *g, const void *dout, const int32_t *idx, void *dx, bool mx) {
     int64_t n = g->planes * g->H * g->W;
     if (n) pool_backward_kernel<T><<<ts_cuda_blocks(n), 256>>>(*g, (const T *)dout, idx, (T *)dx, mx);
     return ts_cuda_launched(mx ? "max_pool2d backward" : "avg_pool2d backward");

@@ -54,14 +54,15 @@ template <typename T> __global__ void softmax_backward_kernel(const T *y, const 
     T *dr = gx + off, acc = 0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) acc += lg ? gr[j] : gr[j] * yr[j];
     acc = block_sum(acc);
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-        dr[j] = lg ? gr[j] - exp(yr[j]) * acc : yr[j] * (gr[j] - acc);
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) dr[j] = lg ? gr[j] - exp(yr[j]) * acc : yr[j] * (gr[j] - acc);
 }
 
 static ts_status cuda_softmax(ts_dtype dt, const void *x, void *y, int64_t R, int64_t n, bool lg) {
     if (R == 0 || n == 0) return TS_OK;
-    if (dt == TS_F32) softmax_kernel<float><<<(unsigned)R, ROW_THREADS>>>((const float *)x, (float *)y, n, lg);
-    else softmax_kernel<double><<<(unsigned)R, ROW_THREADS>>>((const double *)x, (double *)y, n, lg);
+    if (dt == TS_F32)
+        softmax_kernel<float><<<(unsigned)R, ROW_THREADS>>>((const float *)x, (float *)y, n, lg);
+    else
+        softmax_kernel<double><<<(unsigned)R, ROW_THREADS>>>((const double *)x, (double *)y, n, lg);
     return ts_cuda_launched("softmax");
 }
 
@@ -69,11 +70,11 @@ static ts_status cuda_softmax_backward(ts_dtype dt, const void *y, const void *g
                                        bool lg) {
     if (R == 0 || n == 0) return TS_OK;
     if (dt == TS_F32)
-        softmax_backward_kernel<float><<<(unsigned)R, ROW_THREADS>>>((const float *)y, (const float *)g,
-                                                                      (float *)gx, n, lg);
+        softmax_backward_kernel<float>
+            <<<(unsigned)R, ROW_THREADS>>>((const float *)y, (const float *)g, (float *)gx, n, lg);
     else
-        softmax_backward_kernel<double><<<(unsigned)R, ROW_THREADS>>>((const double *)y, (const double *)g,
-                                                                       (double *)gx, n, lg);
+        softmax_backward_kernel<double>
+            <<<(unsigned)R, ROW_THREADS>>>((const double *)y, (const double *)g, (double *)gx, n, lg);
     return ts_cuda_launched("softmax backward");
 }
 
@@ -142,12 +143,10 @@ static ts_status cuda_layernorm(ts_dtype dt, const void *x, const void *w, const
     if (R == 0 || D == 0) return TS_OK;
     if (dt == TS_F32)
         layernorm_kernel<float><<<(unsigned)R, ROW_THREADS>>>((const float *)x, (const float *)w, (const float *)b,
-                                                               (float *)y, (float *)mean, (float *)rstd, D,
-                                                               (float)eps);
+                                                              (float *)y, (float *)mean, (float *)rstd, D, (float)eps);
     else
-        layernorm_kernel<double><<<(unsigned)R, ROW_THREADS>>>((const double *)x, (const double *)w,
-                                                                (const double *)b, (double *)y, (double *)mean,
-                                                                (double *)rstd, D, eps);
+        layernorm_kernel<double><<<(unsigned)R, ROW_THREADS>>>((const double *)x, (const double *)w, (const double *)b,
+                                                               (double *)y, (double *)mean, (double *)rstd, D, eps);
     return ts_cuda_launched("layernorm");
 }
 
@@ -166,9 +165,8 @@ static ts_status layernorm_backward_typed(const T *x, const T *w, const T *mean,
     return ts_cuda_launched("layernorm backward");
 }
 
-static ts_status cuda_layernorm_backward(ts_dtype dt, const void *x, const void *w, const void *mean,
-                                         const void *rstd, const void *g, void *dx, void *dw, void *db, int64_t R,
-                                         int64_t D) {
+static ts_status cuda_layernorm_backward(ts_dtype dt, const void *x, const void *w, const void *mean, const void *rstd,
+                                         const void *g, void *dx, void *dw, void *db, int64_t R, int64_t D) {
     if (D == 0) return TS_OK;
     if (R == 0) { /* dw and db are sums over no rows */
         size_t es = ts_dtype_size(dt);
@@ -208,8 +206,8 @@ __global__ void cross_entropy_kernel(const T *x, const int64_t *t, T *lse, int64
 
 /* gx = (softmax - onehot) scale, zero rows for ignored targets. */
 template <typename T>
-__global__ void cross_entropy_backward_kernel(const T *x, const int64_t *t, const T *lse, T *gx, int64_t C,
-                                              int64_t ign, T scale) {
+__global__ void cross_entropy_backward_kernel(const T *x, const int64_t *t, const T *lse, T *gx, int64_t C, int64_t ign,
+                                              T scale) {
     int64_t off = (int64_t)blockIdx.x * C, tr = t[blockIdx.x];
     T l = lse[blockIdx.x];
     for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
@@ -234,11 +232,11 @@ static ts_status cuda_cross_entropy_backward(ts_dtype dt, const void *x, const i
                                              int64_t N, int64_t C, int64_t ign, double scale) {
     if (N == 0 || C == 0) return TS_OK;
     if (dt == TS_F32)
-        cross_entropy_backward_kernel<float><<<(unsigned)N, ROW_THREADS>>>((const float *)x, t, (const float *)lse,
-                                                                            (float *)gx, C, ign, (float)scale);
+        cross_entropy_backward_kernel<float>
+            <<<(unsigned)N, ROW_THREADS>>>((const float *)x, t, (const float *)lse, (float *)gx, C, ign, (float)scale);
     else
-        cross_entropy_backward_kernel<double><<<(unsigned)N, ROW_THREADS>>>(
-            (const double *)x, t, (const double *)lse, (double *)gx, C, ign, scale);
+        cross_entropy_backward_kernel<double>
+            <<<(unsigned)N, ROW_THREADS>>>((const double *)x, t, (const double *)lse, (double *)gx, C, ign, scale);
     return ts_cuda_launched("cross_entropy backward");
 }
 
@@ -265,8 +263,10 @@ static ts_status cuda_mse(ts_dtype dt, const void *a, const void *b, int64_t n, 
     double *tot = device_total("mse", &dev);
     if (!tot) return ts_last_status();
     unsigned blocks = ts_cuda_blocks(n) < 1024 ? ts_cuda_blocks(n) : 1024;
-    if (dt == TS_F32) mse_kernel<float><<<blocks, 256>>>((const float *)a, (const float *)b, n, tot);
-    else mse_kernel<double><<<blocks, 256>>>((const double *)a, (const double *)b, n, tot);
+    if (dt == TS_F32)
+        mse_kernel<float><<<blocks, 256>>>((const float *)a, (const float *)b, n, tot);
+    else
+        mse_kernel<double><<<blocks, 256>>>((const double *)a, (const double *)b, n, tot);
     return take_total("mse", dev, tot, total);
 }
 
@@ -274,11 +274,11 @@ static ts_status cuda_mse_backward(ts_dtype dt, const void *a, const void *b, vo
                                    double scale) {
     if (n == 0) return TS_OK;
     if (dt == TS_F32)
-        mse_backward_kernel<float><<<ts_cuda_blocks(n), 256>>>((const float *)a, (const float *)b, (float *)ga,
-                                                                (float *)gb, n, (float)scale);
+        mse_backward_kernel<float>
+            <<<ts_cuda_blocks(n), 256>>>((const float *)a, (const float *)b, (float *)ga, (float *)gb, n, (float)scale);
     else
-        mse_backward_kernel<double><<<ts_cuda_blocks(n), 256>>>((const double *)a, (const double *)b, (double *)ga,
-                                                                 (double *)gb, n, scale);
+        mse_backward_kernel<double>
+            <<<ts_cuda_blocks(n), 256>>>((const double *)a, (const double *)b, (double *)ga, (double *)gb, n, scale);
     return ts_cuda_launched("mse backward");
 }
 
@@ -290,7 +290,8 @@ __global__ void embedding_kernel(const T *table, const int64_t *idx, T *out, int
 }
 
 /* gt[idx[i]] += g[i], atomically (indices repeat). */
-template <typename T> __global__ void embedding_backward_kernel(const int64_t *idx, const T *g, T *gt, int64_t n, int64_t D) {
+template <typename T>
+__global__ void embedding_backward_kernel(const int64_t *idx, const T *g, T *gt, int64_t n, int64_t D) {
     FOR_EACH(k, n * D) atomicAdd(gt + idx[k / D] * D + k % D, g[k]);
 }
 
@@ -311,8 +312,8 @@ static ts_status cuda_embedding_backward(ts_dtype dt, const int64_t *idx, const 
     if (dt == TS_F32)
         embedding_backward_kernel<float><<<ts_cuda_blocks(n * D), 256>>>(idx, (const float *)g, (float *)gtable, n, D);
     else
-        embedding_backward_kernel<double><<<ts_cuda_blocks(n * D), 256>>>(idx, (const double *)g, (double *)gtable, n,
-                                                                           D);
+        embedding_backward_kernel<double>
+            <<<ts_cuda_blocks(n * D), 256>>>(idx, (const double *)g, (double *)gtable, n, D);
     return ts_cuda_launched("embedding backward");
 }
 
