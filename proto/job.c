@@ -117,6 +117,7 @@ static const char *const data_names[] = {"fashion_mnist", "text", NULL};
 static const char *const optim_names[] = {"sgd", "adam", "adamw", NULL};
 static const char *const schedule_names[] = {"constant", "step", "cosine", NULL};
 static const char *const precision_names[] = {"f32", "bf16", NULL};
+static const char *const device_names[] = {"cpu", "cuda", NULL};
 
 static const field model_fields[] = {
     ENUM_FIELD("arch", model.arch, "\"mlp\"", arch_names),
@@ -184,6 +185,7 @@ static const field job_fields[] = {
     STRING_FIELD("name", name, "\"job\"", 1, name_charset),
     INT64_FIELD("seed", seed, "0", 0, INT64_MAX),
     INT64_FIELD("steps", steps, "10", 0, INT64_MAX),
+    ENUM_FIELD("device", device, "\"cpu\"", device_names),
     SECTION("parallel", parallel_fields),
     SECTION("standin", standin_fields),
     SECTION("model", model_fields),

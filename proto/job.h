@@ -163,10 +163,15 @@ typedef struct {
     char run_dir[TS_JOB_PATH_MAX]; /* "" = runs/<name> */
 } ts_job_train;
 
+/* Where a worker's model computes (device): the CPU, or the GPU of the
+ * worker's local rank. */
+typedef enum { TS_JOB_DEVICE_CPU, TS_JOB_DEVICE_CUDA } ts_job_device;
+
 typedef struct {
     char name[TS_JOB_NAME_MAX]; /* job id on the wire; [A-Za-z0-9._-] */
     int64_t seed;
     int64_t steps;
+    ts_job_device device;
     ts_job_parallel parallel;
     ts_job_standin standin;
     ts_job_model model;

@@ -16,6 +16,11 @@ struct ts_buckets {
 };
 
 ts_buckets *ts_buckets_new(const ts_model *m, double bucket_mb, bool bf16_wire) {
+    if (bf16_wire && m->device.type != TS_DEVICE_CPU) { /* the bf16 copies are made on the host */
+        ts_error(TS_ERR_UNSUPPORTED, "buckets: parallel.wire_dtype bf16 with a model on %s (NCCL sends f32)",
+                 ts_device_name(m->device));
+        return NULL;
+    }
     ts_buckets *bs = calloc(1, sizeof *bs);
     if (bs) bs->b = calloc((size_t)m->n_params + 1, sizeof *bs->b);
     if (bs && bs->b && bf16_wire) bs->wire = malloc((size_t)(m->numel + 1) * 2);

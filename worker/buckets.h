@@ -20,7 +20,9 @@
 
 typedef struct ts_buckets ts_buckets;
 
-/* Buckets over model m's flat gradients; NULL with a message on failure. */
+/* Buckets over model m's flat gradients (on m's device: the communicator
+ * must reduce memory there; bf16 on the wire only from the CPU); NULL with
+ * a message on failure. */
 ts_buckets *ts_buckets_new(const ts_model *m, double bucket_mb, bool bf16_wire);
 
 /* Waits for what is in flight (abort the communicator first to hurry it)

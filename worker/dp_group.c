@@ -7,6 +7,7 @@
 
 #include "collective/mpi.h"
 #include "kernels/clock.h"
+#include "kernels/ops/backend.h"
 #include "worker/trainer.h"
 
 /* How often a waiting worker looks for a new generation (ms). */
@@ -27,8 +28,10 @@ ts_status ts_dp_group_open(ts_dp_group *g, ts_strategy *s, const char *what, con
 void ts_dp_group_close(ts_dp_group *g) {
     ts_dp_group_drop(g);
     ts_ring_port_close(g->port);
+    ts_tensor_release(g->stage);
     free(g->next_roster);
     g->port = NULL;
+    g->stage = NULL;
     g->next_roster = NULL;
 }
 
@@ -89,19 +92,64 @@ ts_status ts_dp_group_run(ts_dp_group *g, ts_comm_op *op) {
     return st ? st : ts_dp_group_finish(g, req);
 }
 
+/* The buffer a collective over `bytes` of host values v runs on: v
+ * itself with the model on the CPU, or with a model on a GPU (NCCL reads
+ * device memory only) the group's staging buffer there, loaded with v.
+ * NULL with an error. */
+static void *stage_in(ts_dp_group *g, void *v, size_t bytes) {
+    ts_device d = g->s->trainer->model->device;
+    if (d.type == TS_DEVICE_CPU) return v;
+    if (!g->stage || ts_tensor_nbytes(g->stage) < bytes) {
+        ts_tensor_release(g->stage);
+        int64_t n = (int64_t)(bytes + 7) / 8;
+        if (!(g->stage = ts_tensor_empty_on(d, TS_F64, 1, &n))) return NULL;
+    }
+    const ts_backend *b = ts_backend_of(g->what, d);
+    return b && !b->memory->upload(d.index, ts_tensor_data(g->stage), v, bytes) ? ts_tensor_data(g->stage) : NULL;
+}
+
+/* Copies a staged collective's result back into v (a no-op on the CPU). */
+static ts_status stage_out(ts_dp_group *g, void *v, size_t bytes) {
+    ts_device d = g->s->trainer->model->device;
+    if (d.type == TS_DEVICE_CPU) return TS_OK;
+    const ts_backend *b = ts_backend_of(g->what, d);
+    return b ? b->memory->download(d.index, v, ts_tensor_data(g->stage), bytes) : ts_last_status();
+}
+
+ts_status ts_dp_group_run_host(ts_dp_group *g, ts_comm_op *op) {
+    void *host = op->recv;
+    size_t bytes = (size_t)op->count * ts_dtype_size(op->dtype);
+    void *buf = stage_in(g, host, bytes);
+    if (!buf) return ts_last_status();
+    op->send = op->recv = buf;
+    ts_status st = ts_dp_group_run(g, op);
+    return st ? st : stage_out(g, host, bytes);
+}
+
 ts_status ts_dp_group_sums(ts_dp_group *g, double *v, int n) {
     ts_comm_op op = {.kind = TS_COMM_ALLREDUCE, .send = v, .recv = v, .count = n, .dtype = TS_F64,
                      .op = TS_REDUCE_SUM, .step = g->s->trainer->step};
-    return ts_dp_group_run(g, &op);
+    return ts_dp_group_run_host(g, &op);
+}
+
+/* The operation of a regroup's collective (ts_dp_group_meet). */
+static ts_comm_op meet_op(ts_dp_group *g, ts_comm_kind kind, const void *send, void *recv, int64_t count,
+                          ts_dtype dt) {
+    ts_member_info info;
+    ts_member_info_get(g->s->member, &info);
+    return (ts_comm_op){.kind = kind, .send = send, .recv = recv, .count = count, .dtype = dt, .peer = 0,
+                        .op = TS_REDUCE_SUM, .step = g->s->trainer->step, .timeout_ms = (int)info.barrier_timeout_ms};
 }
 
 ts_status ts_dp_group_meet(ts_dp_group *g, ts_comm_kind kind, const void *send, void *recv, int64_t count,
                            ts_dtype dt) {
-    ts_member_info info;
-    ts_member_info_get(g->s->member, &info);
-    ts_comm_op op = {.kind = kind, .send = send, .recv = recv, .count = count, .dtype = dt, .peer = 0,
-                     .op = TS_REDUCE_SUM, .step = g->s->trainer->step, .timeout_ms = (int)info.barrier_timeout_ms};
+    ts_comm_op op = meet_op(g, kind, send, recv, count, dt);
     return ts_dp_group_run(g, &op);
+}
+
+ts_status ts_dp_group_meet_host(ts_dp_group *g, ts_comm_kind kind, void *v, int64_t count, ts_dtype dt) {
+    ts_comm_op op = meet_op(g, kind, v, v, count, dt);
+    return ts_dp_group_run_host(g, &op);
 }
 
 static int by_rank(const void *a, const void *b) {
@@ -128,7 +176,7 @@ static int live_workers(const ts_proto_member *r, size_t n, int32_t me, const ch
     return k;
 }
 
-/* The ring communicator of the pending generation. */
+/* The ring (or NCCL) communicator of the pending generation. */
 static ts_status start_ring(ts_dp_group *g) {
     const char **peers = calloc(g->next_n + 1, sizeof *peers);
     if (!peers) return ts_error(TS_ERR_MEMORY, "%s: out of memory for %zu peers", g->what, g->next_n);
@@ -145,7 +193,7 @@ static ts_status start_ring(ts_dp_group *g) {
     if (!st) {
         ts_comm_config cfg = {.rank = index, .size = world, .generation = g->next_generation,
                               .timeout_ms = (int)info.heartbeat_timeout_ms, .peers = peers, .native = g->port};
-        g->comm = ts_comm_create(&ts_comm_ring_backend, &cfg);
+        g->comm = ts_comm_create(g->backend, &cfg);
         if (!g->comm) st = ts_last_status();
     }
     free(peers);
@@ -200,7 +248,7 @@ ts_status ts_dp_group_regroup(ts_dp_group *g) {
         /* the ranks that were evaluating redo it only when all were: a rank
          * still in (or already past) the step goes on with the next one */
         double votes = g->evaluating;
-        if (!st) st = ts_dp_group_meet(g, TS_COMM_ALLREDUCE, &votes, &votes, 1, TS_F64);
+        if (!st) st = ts_dp_group_meet_host(g, TS_COMM_ALLREDUCE, &votes, 1, TS_F64);
         g->all_evaluating = !st && votes == g->s->group.world;
         if (!st || g->mpi_comm) return st;
         fprintf(stderr, "generation %llu: %s; waiting for the next one\n", (unsigned long long)g->next_generation,
@@ -211,6 +259,14 @@ ts_status ts_dp_group_regroup(ts_dp_group *g) {
 }
 
 ts_status ts_dp_group_attach(ts_dp_group *g) {
+    ts_device d = g->s->trainer->model->device;
+    g->backend = &ts_comm_ring_backend;
+    if (d.type != TS_DEVICE_CPU && g->mpi_comm)
+        return ts_error(TS_ERR_UNSUPPORTED, "%s: a model on %s under mpirun is not supported yet (NCCL bootstraps "
+                                            "over the workers' ring ports: start the job with tessera-run)",
+                        g->what, ts_device_name(d));
+    if (d.type != TS_DEVICE_CPU && !(g->backend = ts_comm_backend_find("nccl")))
+        return ts_error(ts_last_status(), "%s: a model on %s: %s", g->what, ts_device_name(d), ts_last_error());
     ts_status st = first_generation(g);
     return st ? st : ts_dp_group_regroup(g);
 }

@@ -10,6 +10,15 @@
  * wait on the communicator looks for a new generation while it waits and
  * abandons the operation when one came, so no rank sits out a timeout in a
  * generation the others left.
+ *
+ * A model on a GPU (job device "cuda") gets NCCL communicators
+ * (collective/nccl.h), bootstrapped over the same ring port, over its
+ * device buffers; the few host values of a collective (a regroup's header
+ * and vote, a step's loss and samples, an evaluation's sums) go through a
+ * small device buffer of the group's (ts_dp_group_run_host,
+ * ts_dp_group_meet_host), as NCCL reads device memory only.
+ * Under mpirun a model on a GPU is refused (there is no ring port to
+ * bootstrap NCCL over).
  */
 #ifndef TS_WORKER_DP_GROUP_H
 #define TS_WORKER_DP_GROUP_H
@@ -39,7 +48,9 @@ typedef struct {
     const char *what;        /* its name in messages ("ddp") */
     ts_ring_port *port;      /* ring backend: this worker's port */
     void *mpi_comm;          /* MPI backend: the workers' MPI_Comm * */
+    const ts_comm_backend *backend; /* the ring's generations: "ring", or "nccl" for a model on a GPU */
     ts_comm *comm;           /* this generation's communicator, or NULL */
+    ts_tensor *stage;        /* nccl: device memory for host values, or NULL */
     /* the next generation, when the scheduler announced one */
     bool pending;
     uint64_t next_generation;
@@ -61,7 +72,8 @@ typedef struct {
 ts_status ts_dp_group_open(ts_dp_group *g, ts_strategy *s, const char *what, const ts_strategy_options *o,
                            const ts_dp_group_hooks *hooks);
 
-/* Drops the communicator; frees the port and the pending roster. */
+/* Drops the communicator; frees the port, the staging buffer and the
+ * pending roster. */
 void ts_dp_group_close(ts_dp_group *g);
 
 /* Notes a generation the scheduler announced since the last look. */
@@ -79,7 +91,13 @@ ts_status ts_dp_group_finish(ts_dp_group *g, ts_comm_req *req);
 /* Starts op and finishes it (ts_dp_group_finish). */
 ts_status ts_dp_group_run(ts_dp_group *g, ts_comm_op *op);
 
-/* reduce_sums: sums n numbers over the group in place (ts_dp_group_run). */
+/* ts_dp_group_run over host values in place (op->recv, op->count of
+ * op->dtype; op->send is set): with a model on a GPU they go through the
+ * group's staging buffer. */
+ts_status ts_dp_group_run_host(ts_dp_group *g, ts_comm_op *op);
+
+/* reduce_sums: sums n numbers over the group in place
+ * (ts_dp_group_run_host). */
 ts_status ts_dp_group_sums(ts_dp_group *g, double *v, int n);
 
 /* A collective of a regroup: kind over count elements of buf (root 0 for a
@@ -88,6 +106,10 @@ ts_status ts_dp_group_sums(ts_dp_group *g, double *v, int n);
  * arrive, not the heartbeat timeout of a step. */
 ts_status ts_dp_group_meet(ts_dp_group *g, ts_comm_kind kind, const void *send, void *recv, int64_t count,
                            ts_dtype dt);
+
+/* ts_dp_group_meet over count host values v, in place (staged as in
+ * ts_dp_group_run_host). */
+ts_status ts_dp_group_meet_host(ts_dp_group *g, ts_comm_kind kind, void *v, int64_t count, ts_dtype dt);
 
 /* The data position a new generation starts from: the step in flight's
  * start, or the loader's. */
@@ -101,7 +123,8 @@ ts_loader_pos ts_dp_group_position(const ts_dp_group *g);
  * it is returned). */
 ts_status ts_dp_group_regroup(ts_dp_group *g);
 
-/* The first generation (attach): the join's roster, then regroup. */
+/* The first generation (attach): the communicator's backend for the
+ * model's device, the join's roster, then regroup. */
 ts_status ts_dp_group_attach(ts_dp_group *g);
 
 /* begin_step: notes the scheduler's shutdown (s->finished) or a new

@@ -174,7 +174,21 @@ ts_status ts_fsdp_read_model(const ts_checkpoint *ck, ts_model *m) {
     else if (m->state && l.slots != m->n_state)
         st = ts_error(TS_ERR_SHAPE, "checkpoint %s: %d optimizer state slots, the optimizer has %d", ck->path, l.slots,
                       m->n_state);
-    if (!st) st = ts_fsdp_read_range(ck, &l, 0, m->numel, ts_f32(m->flat_params), m->state, m->numel);
+    /* read in host memory: the model's buffers, or copies of them for a
+     * model on a GPU, which then go up */
+    bool host = m->device.type == TS_DEVICE_CPU;
+    int64_t n_state = (int64_t)m->n_state * m->numel;
+    ts_tensor *p = NULL, *s = NULL;
+    if (!st) {
+        p = host ? ts_tensor_retain(m->flat_params) : ts_tensor_empty(TS_F32, 1, &m->numel);
+        s = !m->state ? NULL : host ? ts_tensor_retain(m->state_buf) : ts_tensor_empty(TS_F32, 1, &n_state);
+        if (!p || (m->state && !s)) st = ts_last_status();
+    }
+    if (!st) st = ts_fsdp_read_range(ck, &l, 0, m->numel, ts_f32(p), s ? ts_f32(s) : NULL, m->numel);
+    if (!st && !host) st = ts_tensor_copy_(m->flat_params, p);
+    if (!st && !host && s) st = ts_tensor_copy_(m->state_buf, s);
+    ts_tensor_release(p);
+    ts_tensor_release(s);
     ts_fsdp_layout_free(&l);
     return st;
 }

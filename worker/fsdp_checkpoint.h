@@ -59,7 +59,8 @@ ts_status ts_fsdp_read_range(const ts_checkpoint *ck, const ts_fsdp_layout *l, i
                              float *params, float *state, int64_t stride);
 
 /* Reads the whole model (master values) and, when m->state is there, its
- * optimizer state from sharded checkpoint ck; its numel must match. */
+ * optimizer state from sharded checkpoint ck, on any device (through host
+ * memory); its numel must match. */
 ts_status ts_fsdp_read_model(const ts_checkpoint *ck, ts_model *m);
 
 #endif

@@ -20,6 +20,10 @@
  * went silent, named within the heartbeat timeout) leads to the same: the
  * worker waits for the scheduler's next generation and redoes the step at
  * the new world size.
+ *
+ * A model on a GPU (job device "cuda") all-reduces its device buffers over
+ * the group's NCCL communicator; the host values of its collectives go
+ * through the group's staging buffer (dp_group.h).
  */
 #include <stdlib.h>
 
@@ -52,7 +56,7 @@ static ts_status sync_state(ts_strategy *s) {
     ts_loader_pos pos = ts_dp_group_position(&d->g);
     sync_header h = {t->step, t->total_steps, pos.epoch, pos.offset};
     float *p = ts_f32(m->flat_params);
-    ts_status st = ts_dp_group_meet(&d->g, TS_COMM_BROADCAST, &h, &h, 4, TS_I64);
+    ts_status st = ts_dp_group_meet_host(&d->g, TS_COMM_BROADCAST, &h, 4, TS_I64);
     if (!st) st = ts_dp_group_meet(&d->g, TS_COMM_BROADCAST, p, p, m->numel, TS_F32);
     if (!st && m->n_state)
         st = ts_dp_group_meet(&d->g, TS_COMM_BROADCAST, m->state, m->state, (int64_t)m->n_state * m->numel, TS_F32);
@@ -113,7 +117,7 @@ static ts_status try_step(ts_strategy *s, double *loss, int64_t *samples) {
     double sums[2] = {*loss, (double)*samples};
     ts_comm_op op = {.kind = TS_COMM_ALLREDUCE, .send = sums, .recv = sums, .count = 2, .dtype = TS_F64,
                      .op = TS_REDUCE_SUM, .step = s->trainer->step + 1};
-    st = ts_dp_group_run(&d->g, &op);
+    st = ts_dp_group_run_host(&d->g, &op);
     s->times.wait_ms += ts_clock_ms() - t0;
     *loss = sums[0] / s->group.world;
     *samples = (int64_t)sums[1];

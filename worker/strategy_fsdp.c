@@ -40,6 +40,9 @@
  * model when there is none), and the job redoes the steps since.
  * Checkpoints are sharded (fsdp_checkpoint.h): every rank writes its file
  * into the step's temp folder, the leader commits it once all have.
+ *
+ * A model on a GPU is refused by name: the shards, the gathers and the
+ * gradients' packing work in host memory.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -663,6 +666,9 @@ static void give_back_model(fsdp_strategy *f) {
 static ts_status fsdp_attach(ts_strategy *s) {
     fsdp_strategy *f = (fsdp_strategy *)s;
     ts_model *m = s->trainer->model;
+    if (m->device.type != TS_DEVICE_CPU) /* shards, gathers and packing are in host memory */
+        return ts_error(TS_ERR_UNSUPPORTED, "fsdp: a model on %s is not supported yet (device \"cpu\" only)",
+                        ts_device_name(m->device));
     ts_status st = make_units(f);
     if (!st) st = hook_units(f);
     if (st) return st;

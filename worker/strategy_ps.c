@@ -26,11 +26,17 @@
  * optimizer state and the data position, so a resumed job restarts from
  * the shards' checkpoints and every worker takes the step and position of
  * its first pull. Evaluation sums go through shard 0.
+ *
+ * The client sends and receives host memory: a model on a GPU is mirrored
+ * in pinned host buffers (mirror.h), its gradient ranges copied down on a
+ * side stream as backward finishes them and pushed once there, the pulled
+ * parameters copied up.
  */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "kernels/optim/clip.h"
+#include "worker/mirror.h"
 #include "worker/ps_client.h"
 #include "worker/strategy.h"
 #include "worker/trainer.h"
@@ -38,6 +44,7 @@
 typedef struct {
     ts_strategy base;
     ts_ps_client *c;
+    ts_mirror *mirror;    /* the model's buffers in host memory */
     const char *key_file;
     bool sync;
     ts_loader_pos start;  /* the loader's position when the step began */
@@ -70,6 +77,7 @@ static ts_status pull(ps_strategy *d, int64_t want, bool adopt) {
     int64_t step;
     ts_loader_pos pos;
     if (!st) st = ts_ps_client_pull_wait(d->c, &step, &pos);
+    if (!st) st = ts_mirror_params_arrived(d->mirror);
     if (!st && adopt && (step != t->step || pos.epoch != ts_loader_position(t->loader).epoch ||
                          pos.offset != ts_loader_position(t->loader).offset)) {
         t->step = step;
@@ -117,17 +125,23 @@ static ts_status recover(ps_strategy *d, ts_status st, bool *again) {
     return st ? st : ts_trainer_follow_group(t);
 }
 
+/* A gradient range in host memory goes to the client. */
+static ts_status push_ready(void *ctx, int64_t offset, int64_t len) {
+    return ts_ps_client_ready(((ps_strategy *)ctx)->c, offset, len);
+}
+
 static ts_status ps_attach(ts_strategy *s) {
     ps_strategy *d = (ps_strategy *)s;
     ts_trainer *t = s->trainer;
     ts_model *m = t->model;
+    if (!(d->mirror = ts_mirror_new(m, push_ready, d))) return ts_last_status();
     ts_range *tensors = malloc((size_t)m->n_params * sizeof *tensors);
     if (!tensors) return ts_error(TS_ERR_MEMORY, "strategy ps: out of memory");
     for (int i = 0; i < m->n_params; i++) tensors[i] = (ts_range){m->params[i].offset, m->params[i].numel};
     d->sync = t->job.parallel.consistency == TS_CONSISTENCY_SYNC;
     ts_ps_client_config cfg = {.job = &t->job, .member = s->member, .key_file = d->key_file, .tensors = tensors,
-                               .n_tensors = m->n_params, .numel = m->numel, .params = ts_f32(m->flat_params),
-                               .grads = ts_f32(m->flat_grads)};
+                               .n_tensors = m->n_params, .numel = m->numel, .params = ts_mirror_params(d->mirror),
+                               .grads = ts_mirror_grads(d->mirror)};
     d->c = ts_ps_client_create(&cfg);
     free(tensors);
     if (!d->c) return ts_last_status();
@@ -172,9 +186,10 @@ static ts_status compute(ps_strategy *d, double *loss, int64_t *samples) {
     ts_trainer *t = d->base.trainer;
     ts_ps_client_begin(d->c, t->step + 1, d->base.group.generation);
     ts_status st = ts_trainer_grads(t, loss, samples);
+    if (!st) st = ts_mirror_flush(d->mirror); /* every range pushed */
     if (st) return st;
     ts_loader_pos next = ts_loader_position(t->loader);
-    double own = d->sync ? 0 : ts_clip_sq_norm(ts_f32(t->model->flat_grads), t->model->numel);
+    double own = d->sync ? 0 : ts_clip_sq_norm(ts_mirror_grads(d->mirror), t->model->numel);
     double v[TS_COMMIT_VALUES] = {*loss * (double)*samples, (double)*samples, own,
                                   ts_schedule_lr(&t->schedule, t->step), (double)next.epoch, (double)next.offset};
     double out[TS_DECIDED_VALUES];
@@ -201,7 +216,7 @@ static ts_status ps_grads(ts_strategy *s, double *loss, int64_t *samples) {
 }
 
 static ts_status ps_grads_ready(ts_strategy *s, int64_t offset, int64_t len) {
-    return ts_ps_client_ready(((ps_strategy *)s)->c, offset, len);
+    return ts_mirror_grads_ready(((ps_strategy *)s)->mirror, offset, len);
 }
 
 static void ps_slices(ts_strategy *s, const ts_optim_slice **slices, int *n) {
@@ -272,6 +287,7 @@ static ts_status ps_load(ts_strategy *s, const char *dir) {
 
 static void ps_free(ts_strategy *s) {
     ts_ps_client_free(((ps_strategy *)s)->c);
+    ts_mirror_free(((ps_strategy *)s)->mirror);
     free(s);
 }
 

@@ -18,6 +18,9 @@
 #include "kernels/ops/view.h"
 #include "kernels/optim/clip.h"
 #include "proto/job_model.h"
+#if TESSERA_WITH_CUDA
+#include "kernels/ops/cuda/runtime.h"
+#endif
 #include "worker/metrics.h"
 
 /* ---- data ---- */
@@ -134,7 +137,23 @@ static ts_optim_slice whole_slice(ts_model *m) {
                             .state = m->state,
                             .stride = m->numel,
                             .offset = 0,
-                            .len = m->numel};
+                            .len = m->numel,
+                            .device = m->device};
+}
+
+/* The device job puts this worker's model on: the CPU, or the GPU of the
+ * worker's local rank (TESSERA_LOCAL_RANK, else Open MPI's
+ * OMPI_COMM_WORLD_LOCAL_RANK, else its rank in group g) among the GPUs of
+ * this machine. A build without CUDA gets cuda:0, which it refuses. */
+static ts_device job_device(const ts_job *job, const ts_group *g) {
+    if (job->device == TS_JOB_DEVICE_CPU) return TS_CPU;
+    const char *env = getenv("TESSERA_LOCAL_RANK");
+    if (!env) env = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    int local = env ? atoi(env) : g->rank, count = 1;
+#if TESSERA_WITH_CUDA
+    count = ts_cuda_device_count();
+#endif
+    return ts_cuda(count > 0 && local >= 0 ? local % count : 0);
 }
 
 /* mkdir -p path. */
@@ -188,7 +207,8 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     if (!st) {
         t->model = ts_job_model_build(job, &t->spec, first, end);
         if (!t->model) st = ts_last_status();
-        else if (job->train.bf16) st = ts_model_set_compute_dtype(t->model, TS_BF16);
+        if (!st) st = ts_model_to(t->model, job_device(job, &s->group));
+        if (!st && job->train.bf16) st = ts_model_set_compute_dtype(t->model, TS_BF16);
     }
     if (!st) st = setup_optimizer(t);
     if (!st) st = hook_params(t);
@@ -253,24 +273,31 @@ void ts_trainer_free(ts_trainer *t) {
 /* ---- one step ---- */
 
 /* The model's logits for batch input x, reshaped to [rows, classes], and
- * targets reshaped to [rows]; in evaluation (eval set) through the
- * strategy's forward when it has one, which may leave *logits NULL (this
- * process does not see the logits). */
+ * targets reshaped to [rows], both on the model's device; in evaluation
+ * (eval set) through the strategy's forward when it has one, which may
+ * leave *logits NULL (this process does not see the logits). */
 static ts_status logits_for(ts_trainer *t, ts_tensor *x, ts_tensor *y, bool eval, ts_tensor **logits,
                             ts_tensor **targets) {
     ts_strategy *s = t->strategy;
-    ts_tensor *in = t->spec.arch == TS_ARCH_MLP ? ts_flatten(x, 1, -1) : ts_tensor_retain(x);
+    ts_device d = t->model->device;
+    ts_tensor *xd = ts_tensor_to(x, d), *yd = xd ? ts_tensor_to(y, d) : NULL;
+    ts_tensor *in = !yd ? NULL : t->spec.arch == TS_ARCH_MLP ? ts_flatten(xd, 1, -1) : ts_tensor_retain(xd);
     ts_tensor *out = NULL;
     ts_status st = in ? TS_OK : ts_last_status();
     if (!st && eval && s->ops->forward) st = s->ops->forward(s, in, &out);
     else if (!st && !(out = ts_model_forward(t->model, in))) st = ts_last_status();
     ts_tensor_release(in);
+    ts_tensor_release(xd);
     *logits = *targets = NULL;
-    if (st || !out) return st;
+    if (st || !out) {
+        ts_tensor_release(yd);
+        return st;
+    }
     int64_t classes = out->shape[out->ndim - 1];
     *logits = ts_reshape(out, 2, (int64_t[]){-1, classes});
-    *targets = ts_reshape(y, 1, (int64_t[]){-1});
+    *targets = ts_reshape(yd, 1, (int64_t[]){-1});
     ts_tensor_release(out);
+    ts_tensor_release(yd);
     return *logits && *targets ? TS_OK : ts_last_status();
 }
 
@@ -339,9 +366,13 @@ ts_status ts_trainer_apply(ts_trainer *t, double *lr, double *grad_norm) {
     const ts_optim_slice *sl;
     int n;
     s->ops->slices(s, &sl, &n);
-    double sq = 0;
-    for (int i = 0; i < n; i++) sq += ts_clip_sq_norm(sl[i].grads, sl[i].len);
-    ts_status st = s->ops->reduce_sq_norm(s, sq, &sq);
+    double sq = 0, part;
+    ts_status st = TS_OK;
+    for (int i = 0; !st && i < n; i++) {
+        st = ts_optim_slice_sq_norm(&sl[i], &part);
+        sq += part;
+    }
+    if (!st) st = s->ops->reduce_sq_norm(s, sq, &sq);
     if (st) return st;
     *grad_norm = sqrt(sq);
     double clip = t->job.optimizer.clip_norm;
@@ -350,9 +381,7 @@ ts_status ts_trainer_apply(ts_trainer *t, double *lr, double *grad_norm) {
             return ts_error(TS_ERR_VALUE, "step %lld: the gradient norm is %g; optimizer.clip_norm cannot clip it",
                             (long long)t->step + 1, *grad_norm);
         float coef = (float)ts_clip_coef(*grad_norm, clip);
-        /* the slices' gradients are the strategy's own, writable memory; the
-         * optimizer's slice type only promises not to write them */
-        for (int i = 0; i < n; i++) ts_clip_scale((float *)sl[i].grads, sl[i].len, coef);
+        for (int i = 0; !st && i < n; i++) st = ts_optim_slice_scale(&sl[i], coef);
     }
     *lr = ts_schedule_lr(&t->schedule, t->step);
     for (int i = 0; !st && i < n; i++) st = ts_optim_step_range(&t->optim, t->step + 1, *lr, &t->groups, &sl[i]);
@@ -415,18 +444,21 @@ static ts_status eval_batch(ts_trainer *t, const ts_batch *b, double *loss_sum, 
     if (!st && !l) st = ts_last_status();
     if (!st) {
         *loss_sum += ts_tensor_item(l);
-        ts_tensor *c = ts_contiguous(logits);
-        int64_t n = c->shape[0], k = c->shape[1];
-        const float *p = ts_f32(c);
+        /* predictions are read on the host */
+        ts_tensor *c = ts_tensor_to(logits, TS_CPU), *y = c ? ts_tensor_to(targets, TS_CPU) : NULL;
+        if (!y) st = ts_last_status();
+        int64_t n = y ? c->shape[0] : 0, k = y ? c->shape[1] : 0;
+        const float *p = y ? ts_f32(c) : NULL;
         for (int64_t i = 0; i < n; i++) {
             int64_t best = 0;
             for (int64_t j = 1; j < k; j++)
                 if (p[i * k + j] > p[i * k + best]) best = j;
-            *correct += best == (int64_t)ts_tensor_get(targets, i);
+            *correct += best == (int64_t)ts_tensor_get(y, i);
         }
         *rows += n;
         *samples += b->size;
         ts_tensor_release(c);
+        ts_tensor_release(y);
     }
     ts_tensor_release(l);
     ts_tensor_release(logits);

@@ -45,7 +45,7 @@ static ts_status check_write_args(const char *path, int n, const char *const *na
             if (strcmp(names[i], names[j]) == 0)
                 return ts_error(TS_ERR_VALUE, "safetensors write %s: name '%s' given twice", path, names[i]);
         if (!tensors[i]) return ts_error(TS_ERR_VALUE, "safetensors write %s: tensor '%s' is NULL", path, names[i]);
-        ts_status s = ts_check_tensor("safetensors write", names[i], tensors[i], ALL_DTYPES);
+        ts_status s = ts_check_arg("safetensors write", names[i], tensors[i], ALL_DTYPES);
         if (s) return s;
     }
     for (int i = 0; i < nmeta; i++)
@@ -104,7 +104,7 @@ static char *build_header(const char *path, int n, const char *const *names, ts_
 }
 
 static ts_status write_tensor_data(FILE *f, const char *path, const char *name, const ts_tensor *t) {
-    ts_tensor *c = ts_tensor_is_contiguous(t) ? ts_tensor_alias(t) : ts_tensor_copy_as(t, t->dtype);
+    ts_tensor *c = ts_tensor_to(t, TS_CPU); /* contiguous, in host memory */
     if (!c) return ts_last_status();
     size_t nb = ts_tensor_nbytes(c);
     ts_status s = TS_OK;
@@ -369,7 +369,7 @@ ts_status ts_safetensors_load_into(const ts_safetensors *st, int n, const char *
         if (k < 0) return ts_error(TS_ERR_VALUE, "safetensors %s: no tensor named '%s'", st->path, names[i]);
         const ts_safetensors_entry *e = &st->entries[k];
         const ts_tensor *t = tensors[i];
-        ts_status s = ts_check_tensor("safetensors load", names[i], t, ALL_DTYPES);
+        ts_status s = ts_check_arg("safetensors load", names[i], t, ALL_DTYPES);
         if (s) return s;
         if (e->ndim != t->ndim || memcmp(e->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim) != 0)
             return ts_error(TS_ERR_SHAPE, "safetensors %s: tensor '%s' has shape %s in the file but %s in the model",

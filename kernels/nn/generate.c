@@ -92,10 +92,13 @@ ts_status ts_generator_next(ts_generator *g, char *c, bool *done) {
     for (int64_t j = 0; j < T; j++) ts_tensor_set(idx, j, (unsigned char)g->text[g->len - (size_t)T + (size_t)j]);
     bool prev_grad = ts_grad_set_enabled(false), prev_train = g->m->training;
     ts_model_train(g->m, false);
-    ts_tensor *logits = ts_model_forward(g->m, idx);
+    ts_tensor *in = ts_tensor_to(idx, g->m->device), *out = in ? ts_model_forward(g->m, in) : NULL;
+    ts_tensor *logits = out ? ts_tensor_to(out, TS_CPU) : NULL; /* sampled on the host */
     ts_model_train(g->m, prev_train);
     ts_grad_set_enabled(prev_grad);
     ts_tensor_release(idx);
+    ts_tensor_release(in);
+    ts_tensor_release(out);
     if (!logits) return ts_last_status();
     int vocab = (int)logits->shape[2];
     float u;

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/alloc.h"
 #include "kernels/autograd.h"
 #include "kernels/nn/module.h"
 #include "kernels/ops/view.h"
@@ -25,9 +24,11 @@ ts_model *ts_model_new(void) {
 
 static void drop_compute(ts_model *m);
 
-/* Frees the optimizer state (from the allocator, so its statistics count it). */
+/* Frees the optimizer state (a tensor on the model's device; on the CPU
+ * its storage comes from the allocator, so its statistics count it). */
 static void free_state(ts_model *m) {
-    ts_free(m->state, (size_t)m->n_state * (size_t)m->numel * sizeof(float));
+    ts_tensor_release(m->state_buf);
+    m->state_buf = NULL;
     m->state = NULL;
     m->n_state = 0;
 }
@@ -153,6 +154,54 @@ ts_status ts_model_finalize(ts_model *m, ts_key key) {
     return TS_OK;
 }
 
+/* Remakes parameter p's master view and its gradient view over the
+ * model's flat buffers (after they moved). */
+static ts_status review_param(ts_model *m, ts_param *p) {
+    ts_tensor *v = ts_tensor_from_storage(m->flat_params->storage, m->dtype, p->offset, p->ndim, p->shape, NULL);
+    ts_tensor *g = ts_tensor_from_storage(m->flat_grads->storage, m->dtype, p->offset, p->ndim, p->shape, NULL);
+    if (!v || !g) {
+        ts_tensor_release(v);
+        ts_tensor_release(g);
+        return ts_last_status();
+    }
+    v->requires_grad = true;
+    v->grad = g;
+    ts_tensor_release(p->value);
+    p->value = v;
+    return TS_OK;
+}
+
+ts_status ts_model_to(ts_model *m, ts_device d) {
+    if (!m->finalized) return ts_error(TS_ERR_STATE, "model: moved to %s before finalize", ts_device_name(d));
+    if (ts_device_equal(m->device, d)) return TS_OK;
+    if (m->grads_detached) /* the parameters' own gradients would stay behind */
+        return ts_error(TS_ERR_STATE, "model: moved to %s after its gradients were detached", ts_device_name(d));
+    ts_tensor *params = ts_tensor_to(m->flat_params, d), *grads = params ? ts_tensor_to(m->flat_grads, d) : NULL;
+    ts_tensor *state = grads && m->state_buf ? ts_tensor_to(m->state_buf, d) : NULL;
+    if (!grads || (m->state_buf && !state)) {
+        ts_tensor_release(params);
+        ts_tensor_release(grads);
+        return ts_error(ts_last_status(), "model: moving %lld parameters to %s: %s", (long long)m->numel,
+                        ts_device_name(d), ts_last_error());
+    }
+    ts_dtype compute = m->compute_dtype;
+    drop_compute(m);
+    ts_tensor_release(m->flat_params);
+    ts_tensor_release(m->flat_grads);
+    m->flat_params = params;
+    m->flat_grads = grads;
+    if (state) {
+        ts_tensor_release(m->state_buf);
+        m->state_buf = state;
+        m->state = ts_f32(state);
+    }
+    m->device = d;
+    ts_status st = TS_OK;
+    for (int i = 0; !st && i < m->n_params; i++) st = review_param(m, &m->params[i]);
+    if (!st && compute != TS_F32) st = ts_model_set_compute_dtype(m, compute);
+    return st;
+}
+
 /* ---- bf16 compute copy ---- */
 
 /* Releases the cached f32 tensors the forwards used. */
@@ -185,8 +234,8 @@ ts_status ts_model_set_compute_dtype(ts_model *m, ts_dtype dt) {
     drop_compute(m);
     if (dt == TS_F32) return TS_OK;
     int64_t n = ts_tensor_numel(m->flat_params);
-    m->flat_params16 = ts_tensor_zeros(TS_BF16, 1, &n);
-    m->flat_grads16 = ts_tensor_zeros(TS_BF16, 1, &n);
+    m->flat_params16 = ts_tensor_zeros_on(m->device, TS_BF16, 1, &n);
+    m->flat_grads16 = ts_tensor_zeros_on(m->device, TS_BF16, 1, &n);
     ts_status st = m->flat_params16 && m->flat_grads16 ? TS_OK : ts_last_status();
     for (int i = 0; !st && i < m->n_params; i++) {
         ts_param *p = &m->params[i];
@@ -206,21 +255,31 @@ ts_status ts_model_set_compute_dtype(ts_model *m, ts_dtype dt) {
     return st;
 }
 
+/* The flat-buffer kernels of the model's device (the CPU's: mixed.h's). */
+static const ts_optim_kernels *flat_kernels(const ts_model *m) {
+    if (m->device.type == TS_DEVICE_CPU) return ts_mixed_kernels();
+    const ts_backend *b = ts_backend_of("model", m->device);
+    return b ? b->optim : NULL;
+}
+
 ts_status ts_model_sync_compute(ts_model *m) {
     if (m->compute_dtype != TS_BF16) return TS_OK;
     release_cached(m); /* the values they were made from change */
-    return ts_mixed_to_bf16(ts_f32(m->flat_params), ts_tensor_data(m->flat_params16), m->numel);
+    const ts_optim_kernels *k = flat_kernels(m);
+    return k ? k->to_bf16(ts_f32(m->flat_params), ts_tensor_data(m->flat_params16), m->numel) : ts_last_status();
 }
 
 /* Detached gradients: adds scale * each parameter's bf16 gradient into its
- * f32 one (made zeroed when missing) and releases the bf16 one. */
-static ts_status fold_detached(ts_model *m, float scale) {
+ * f32 one (made zeroed on the model's device when missing) with the
+ * device's flat kernels k, and releases the bf16 one. */
+static ts_status fold_detached(ts_model *m, const ts_optim_kernels *k, float scale) {
     for (int i = 0; i < m->n_params; i++) {
         ts_param *p = &m->params[i];
         ts_tensor *g16 = p->value16 ? p->value16->grad : NULL;
         if (!g16) continue;
-        if (!p->value->grad && !(p->value->grad = ts_tensor_zeros(TS_F32, p->ndim, p->shape))) return ts_last_status();
-        ts_status st = ts_mixed_accumulate(ts_f32(p->value->grad), ts_tensor_data(g16), TS_BF16, p->numel, scale);
+        if (!p->value->grad && !(p->value->grad = ts_tensor_zeros_on(m->device, TS_F32, p->ndim, p->shape)))
+            return ts_last_status();
+        ts_status st = k->accumulate(ts_f32(p->value->grad), ts_tensor_data(g16), TS_BF16, p->numel, scale);
         if (st) return st;
         ts_tensor_release(g16);
         p->value16->grad = NULL;
@@ -231,9 +290,11 @@ static ts_status fold_detached(ts_model *m, float scale) {
 ts_status ts_model_fold_compute_grads(ts_model *m, float scale) {
     if (m->compute_dtype != TS_BF16) return TS_OK;
     release_cached(m); /* their graphs were used by the backward */
-    if (m->grads_detached) return fold_detached(m, scale);
-    ts_status st = ts_mixed_accumulate(ts_f32(m->flat_grads), ts_tensor_data(m->flat_grads16), TS_BF16, m->numel, scale);
-    if (!st) memset(ts_tensor_data(m->flat_grads16), 0, ts_tensor_nbytes(m->flat_grads16));
+    const ts_optim_kernels *k = flat_kernels(m);
+    if (!k) return ts_last_status();
+    if (m->grads_detached) return fold_detached(m, k, scale);
+    ts_status st = k->accumulate(ts_f32(m->flat_grads), ts_tensor_data(m->flat_grads16), TS_BF16, m->numel, scale);
+    if (!st) st = ts_tensor_fill_(m->flat_grads16, 0);
     return st;
 }
 
@@ -299,8 +360,8 @@ void ts_model_zero_grad(ts_model *m) {
         release_leaf_grads(m);
         return;
     }
-    if (m->flat_grads) memset(ts_tensor_data(m->flat_grads), 0, ts_tensor_nbytes(m->flat_grads));
-    if (m->flat_grads16) memset(ts_tensor_data(m->flat_grads16), 0, ts_tensor_nbytes(m->flat_grads16));
+    if (m->flat_grads) ts_tensor_fill_(m->flat_grads, 0);
+    if (m->flat_grads16) ts_tensor_fill_(m->flat_grads16, 0);
 }
 
 void ts_model_detach_grads(ts_model *m) {
@@ -308,14 +369,15 @@ void ts_model_detach_grads(ts_model *m) {
     release_leaf_grads(m);
 }
 
-
 ts_status ts_model_alloc_state(ts_model *m, int k) {
     free_state(m);
     if (k <= 0) return TS_OK;
-    size_t bytes = (size_t)k * (size_t)m->numel * sizeof(float);
-    m->state = ts_alloc(bytes);
-    if (!m->state) return ts_error(TS_ERR_MEMORY, "model: out of memory for %d x %lld optimizer state", k, (long long)m->numel);
-    memset(m->state, 0, bytes);
+    int64_t n = (int64_t)k * m->numel;
+    m->state_buf = ts_tensor_zeros_on(m->device, TS_F32, 1, &n);
+    if (!m->state_buf)
+        return ts_error(ts_last_status(), "model: %d x %lld optimizer state on %s: %s", k, (long long)m->numel,
+                        ts_device_name(m->device), ts_last_error());
+    m->state = ts_f32(m->state_buf);
     m->n_state = k;
     return TS_OK;
 }
@@ -325,12 +387,7 @@ ts_tensor *ts_model_state_tensor(ts_model *m) {
         ts_error(TS_ERR_STATE, "model: no optimizer state allocated");
         return NULL;
     }
-    size_t bytes = sizeof(float) * (size_t)m->n_state * (size_t)m->numel;
-    ts_storage *s = ts_storage_wrap(m->state, bytes, NULL, NULL);
-    if (!s) return NULL;
-    ts_tensor *t = ts_tensor_from_storage(s, TS_F32, 0, 2, (int64_t[]){m->n_state, m->numel}, NULL);
-    ts_storage_release(s);
-    return t;
+    return ts_tensor_from_storage(m->state_buf->storage, TS_F32, 0, 2, (int64_t[]){m->n_state, m->numel}, NULL);
 }
 
 void ts_model_train(ts_model *m, bool on) { m->training = on; }
@@ -405,7 +462,7 @@ static void summary_row(ts_module *mod, void *vctx) {
 }
 
 ts_status ts_model_summary(ts_model *m, FILE *f, ts_dtype in_dtype, int in_ndim, const int64_t *in_shape) {
-    ts_tensor *x = ts_tensor_zeros(in_dtype, in_ndim, in_shape);
+    ts_tensor *x = ts_tensor_zeros_on(m->device, in_dtype, in_ndim, in_shape);
     if (!x) return ts_last_status();
     bool prev = ts_grad_set_enabled(false);
     ts_tensor *y = ts_model_forward(m, x);

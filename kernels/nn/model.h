@@ -81,8 +81,10 @@ typedef struct ts_model {
     ts_dtype compute_dtype; /* TS_F32 (compute on the master) or TS_BF16 */
     ts_tensor *flat_params16; /* bf16 [numel] rounded master, or NULL */
     ts_tensor *flat_grads16;  /* bf16 [numel] gradients of the compute copy, or NULL */
-    float *state;           /* optimizer state, n_state * numel floats, or NULL */
+    float *state;           /* optimizer state, n_state * numel floats (on device), or NULL */
     int n_state;
+    ts_tensor *state_buf;   /* owns state: [n_state * numel] f32 */
+    ts_device device;       /* where the buffers live (the CPU until ts_model_to) */
     bool finalized;
     bool training;
     ts_key dropout_key;     /* set per step by the training loop */
@@ -105,6 +107,13 @@ int ts_model_add_param(ts_model *m, const char *name, int ndim, const int64_t *s
 
 /* Allocates the flat buffers, makes the views and initialises parameters. */
 ts_status ts_model_finalize(ts_model *m, ts_key key);
+
+/* Moves a finalized model's buffers (parameters, gradients, bf16 copies,
+ * optimizer state) to device d: every parameter view is remade there, so
+ * forwards run on d and inputs must be moved there too. Call before
+ * anything holds the old views (optimizer hooks, graphs) or the gradients
+ * are detached (refused); a no-op when already there. */
+ts_status ts_model_to(ts_model *m, ts_device d);
 
 /* The tensor a forward computes with for parameter i (borrowed): the master
  * view m->params[i].value, or with bf16 compute the f32 tensor converted
@@ -153,16 +162,19 @@ void ts_model_zero_grad(ts_model *m);
 
 /* Detaches the parameters' gradients from the flat gradient buffers, for a
  * strategy that shards them (FSDP): from now on backward gives each
- * parameter's leaf a gradient of its own at its first contribution (NULL
- * before), which the strategy takes once backward finished it (it
- * reduce-scatters and releases it); ts_model_zero_grad releases them all.
- * The flat gradient buffers stay allocated but are no longer written (the
- * strategy may give their pages back, ts_alloc_decommit). With bf16
- * compute ts_model_fold_compute_grads adds each parameter's bf16 gradient
- * into its f32 one (made when missing) and releases the bf16 one. */
+ * parameter's leaf a gradient of its own (on the model's device) at its
+ * first contribution (NULL before), which the strategy takes once backward
+ * finished it (it reduce-scatters and releases it); ts_model_zero_grad
+ * releases them all. The flat gradient buffers stay allocated but are no
+ * longer written (the strategy may give their pages back,
+ * ts_alloc_decommit). With bf16 compute ts_model_fold_compute_grads adds
+ * each parameter's bf16 gradient into its f32 one (made when missing) and
+ * releases the bf16 one. A model with detached gradients no longer moves
+ * (ts_model_to refuses it). */
 void ts_model_detach_grads(ts_model *m);
 
-/* Allocates (zeroed) k floats of optimizer state per parameter element. */
+/* Allocates (zeroed) k floats of optimizer state per parameter element,
+ * on the model's device. */
 ts_status ts_model_alloc_state(ts_model *m, int k);
 
 /* The optimizer state as an f32 tensor [n_state, numel] viewing m->state

@@ -94,7 +94,7 @@ static ts_status check_slice(const ts_optim_config *cfg, int64_t t, double lr, c
     return TS_OK;
 }
 
-/* Runs the CPU's step kernel over flat elements [a, b) of the slice with
+/* Runs the slice device's step kernel over flat elements [a, b) of the slice with
  * the given multipliers. */
 static ts_status run_part(const ts_optim_kernels *k, const ts_optim_config *cfg, int64_t t, double lr,
                           const ts_optim_slice *sl, int64_t a, int64_t b, float wd_scale, float lr_scale) {
@@ -135,10 +135,10 @@ ts_status ts_optim_step_range(const ts_optim_config *cfg, int64_t t, double lr, 
                               const ts_optim_slice *slice) {
     ts_status s = check_slice(cfg, t, lr, groups, slice);
     if (s || slice->len == 0) return s;
-    const ts_backend *cpu = ts_backend_of("optim", TS_CPU);
-    if (!cpu) return ts_last_status();
+    const ts_backend *be = ts_backend_of("optim", slice->device);
+    if (!be) return ts_last_status();
     int64_t pos = slice->offset, end = slice->offset + slice->len;
-    if (!groups) return run_part(cpu->optim, cfg, t, lr, slice, pos, end, 1.0f, 1.0f);
+    if (!groups) return run_part(be->optim, cfg, t, lr, slice, pos, end, 1.0f, 1.0f);
     int gi = ts_optim_groups_find(groups, pos);
     while (pos < end) {
         const ts_optim_group *r = gi >= 0 && gi < groups->n ? &groups->ranges[gi] : NULL;
@@ -148,11 +148,26 @@ ts_status ts_optim_step_range(const ts_optim_config *cfg, int64_t t, double lr, 
                             ts_optim_kind_name(cfg->kind), (long long)pos, (long long)slice->offset,
                             (long long)end);
         int64_t stop = r->offset + r->len < end ? r->offset + r->len : end;
-        if ((s = run_part(cpu->optim, cfg, t, lr, slice, pos, stop, r->wd_scale, r->lr_scale))) return s;
+        if ((s = run_part(be->optim, cfg, t, lr, slice, pos, stop, r->wd_scale, r->lr_scale))) return s;
         pos = stop;
         gi++;
     }
     return TS_OK;
+}
+
+ts_status ts_optim_slice_sq_norm(const ts_optim_slice *slice, double *sum) {
+    *sum = 0;
+    const ts_backend *b = ts_backend_of("grad norm", slice->device);
+    if (!b) return ts_last_status();
+    return slice->len > 0 ? b->optim->sq_norm(slice->grads, slice->len, sum) : TS_OK;
+}
+
+ts_status ts_optim_slice_scale(const ts_optim_slice *slice, float factor) {
+    const ts_backend *b = ts_backend_of("grad clip", slice->device);
+    if (!b) return ts_last_status();
+    /* the slices' gradients are their owner's writable memory; the slice
+     * type only promises the step does not write them */
+    return slice->len > 0 ? b->optim->scale((float *)slice->grads, slice->len, factor) : TS_OK;
 }
 
 ts_status ts_optim_step_flat(const ts_optim_config *cfg, int64_t t, double lr, const ts_optim_groups *groups,

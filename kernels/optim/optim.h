@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "kernels/status.h"
+#include "kernels/tensor.h"
 
 typedef enum { TS_OPTIM_SGD, TS_OPTIM_ADAM, TS_OPTIM_ADAMW } ts_optim_kind;
 
@@ -115,7 +116,8 @@ float ts_optim_groups_wd_at(const ts_optim_groups *g, int64_t i);
 /* ---- the step kernel ---- */
 
 /* A slice of the flat buffers: params[i], grads[i] and state[s*stride + i]
- * are element offset+i of the model's flat layout. */
+ * are element offset+i of the model's flat layout, addresses on `device`
+ * (zero-initialised: the CPU), whose backend's kernels step it. */
 typedef struct {
     float *params;
     const float *grads;
@@ -123,6 +125,7 @@ typedef struct {
     int64_t stride; /* >= len when state is used */
     int64_t offset; /* position of params[0] in the flat buffer */
     int64_t len;
+    ts_device device;
 } ts_optim_slice;
 
 /* Applies optimizer step t (>= 1) with learning rate lr to the slice, using
@@ -132,6 +135,11 @@ typedef struct {
  * sub-slices. Errors name the bad field, range or step. */
 ts_status ts_optim_step_range(const ts_optim_config *cfg, int64_t t, double lr, const ts_optim_groups *groups,
                               const ts_optim_slice *slice);
+
+/* The sum of squares of the slice's gradients (in double), and scaling
+ * them by factor (clipping), on the slice's device; errors name it. */
+ts_status ts_optim_slice_sq_norm(const ts_optim_slice *slice, double *sum);
+ts_status ts_optim_slice_scale(const ts_optim_slice *slice, float factor);
 
 /* Convenience for a whole model whose flat buffers all start at element 0:
  * steps [offset, offset+len) of params/grads with state of k*numel floats. */

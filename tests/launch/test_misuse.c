@@ -197,6 +197,23 @@ static void test_messages_name_the_thing(void **state) {
     expect_text(log, "model.block_size 64");
 }
 
+/* "device" names a device kind; a job on a GPU where there is none (or in
+ * a build without CUDA) stops with the reason, not a crash. */
+static void test_device_messages(void **state) {
+    (void)state;
+    static char log[16384];
+    assert_int_equal(run("dev-name", log, sizeof log, MLP_JOB " --set device=gpu"), 2);
+    expect_text(log, "device: \"gpu\" is not one of: cpu, cuda");
+    int code = run("dev-cuda", log, sizeof log, MLP_JOB " --set steps=1 --set device=cuda --run-dir %s/dev", base);
+    if (code == 0) {
+        print_message("a CUDA device is present: tests/gpu covers device jobs\n");
+        return;
+    }
+    assert_int_equal(code, 1);
+    expect_text(log, "model: moving");
+    assert_true(strstr(log, "cuda:0: no CUDA device") || strstr(log, "no kernels for device cuda:0 in this build"));
+}
+
 int main(void) {
     if (tu_make_tmp_dir(base, sizeof base, "tessera-misuse")) return 1;
     const struct CMUnitTest tests[] = {
@@ -204,6 +221,7 @@ int main(void) {
         cmocka_unit_test(test_resume_keeps_each_step_once),
         cmocka_unit_test(test_model_too_big),
         cmocka_unit_test(test_messages_name_the_thing),
+        cmocka_unit_test(test_device_messages),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0) tu_remove_dir(base);
