@@ -648,6 +648,9 @@ static ts_status pipe_attach(ts_strategy *s) {
     pipe_strategy *p = (pipe_strategy *)s;
     ts_trainer *t = s->trainer;
     ts_model *m = t->model;
+    if (m->device.type != TS_DEVICE_CPU) /* activations and gradients travel from host memory */
+        return ts_error(TS_ERR_UNSUPPORTED, "pipeline: stages on %s are not supported yet (device \"cpu\" only)",
+                        ts_device_name(m->device));
     p->tied = tied_index(p);
     p->ops = calloc((size_t)2 * p->M, sizeof *p->ops);
     p->mb = calloc((size_t)p->M, sizeof *p->mb);
