@@ -33,16 +33,23 @@ static ts_status take_total(const char *op, int dev, double *t, double *out) {
 
 /* ---- softmax ---- */
 
+/* The max *m of a row of n (the whole block reads it) and the sum *s of
+ * exp(x - max); every thread gets both. */
+template <typename T> __device__ inline void row_max_sumexp(const T *xr, int64_t n, T *m, T *s) {
+    T mx = -INFINITY, sum = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = max(mx, xr[j]);
+    mx = block_max(mx);
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += exp(xr[j] - mx);
+    *m = mx;
+    *s = block_sum(sum);
+}
+
 /* One row per block: y = softmax (or log_softmax) of x. */
 template <typename T> __global__ void softmax_kernel(const T *x, T *y, int64_t n, bool lg) {
     const T *xr = x + (int64_t)blockIdx.x * n;
     T *yr = y + (int64_t)blockIdx.x * n;
-    T m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = max(m, xr[j]);
-    m = block_max(m);
-    T s = 0;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += exp(xr[j] - m);
-    s = block_sum(s);
+    T m, s;
+    row_max_sumexp(xr, n, &m, &s);
     T l = m + log(s), inv = (T)1 / s;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) yr[j] = lg ? xr[j] - l : exp(xr[j] - m) * inv;
 }
@@ -190,12 +197,8 @@ static ts_status cuda_layernorm_backward(ts_dtype dt, const void *x, const void 
 template <typename T>
 __global__ void cross_entropy_kernel(const T *x, const int64_t *t, T *lse, int64_t C, int64_t ign, double *total) {
     const T *xr = x + (int64_t)blockIdx.x * C;
-    T m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) m = max(m, xr[j]);
-    m = block_max(m);
-    T s = 0;
-    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) s += exp(xr[j] - m);
-    s = block_sum(s);
+    T m, s;
+    row_max_sumexp(xr, C, &m, &s);
     if (threadIdx.x == 0) {
         T l = m + log(s);
         lse[blockIdx.x] = l;
