@@ -20,7 +20,7 @@
 enum {
     STARTUP_TIMEOUT_MS = 20000, /* scheduler must report its endpoint */
     STOP_GRACE_MS = 2000,       /* SIGTERM -> SIGKILL */
-    DRAIN_MS = 3000,            /* job ended: the rest may exit by themselves */
+    DRAIN_MS = 3000,            /* every node finished: the scheduler may exit by itself */
     SETTLE_MS = 500,            /* a node failed: the others may report first */
     STATUS_WAIT_MS = 1000,      /* one STATUS query of a regrouping pipeline */
 };
@@ -253,6 +253,14 @@ static int nodes_gone(const cluster *cl) {
     return 1;
 }
 
+/* How long the nodes may take to exit by themselves once the job ended:
+ * the workers still write the final checkpoint and run the final
+ * evaluation, as long as the job's barrier timeout allows. */
+static int drain_ms(const cluster *cl) {
+    int barrier = (int)cl->o->job.parallel.barrier_timeout_ms;
+    return cl->phase == PHASE_DONE && barrier > DRAIN_MS ? barrier : DRAIN_MS;
+}
+
 static void drain_expired(uv_timer_t *t) {
     cluster *cl = t->data;
     if (cl->phase == PHASE_RUNNING) {
@@ -262,7 +270,7 @@ static void drain_expired(uv_timer_t *t) {
         ts_super_stop(&cl->super, cl->stop_signal, STOP_GRACE_MS);
     } else if (ts_super_live(&cl->super) > 0) {
         fprintf(stderr, "[run] warning: stopping the processes still running "
-                        "%d ms after the job ended\n", DRAIN_MS);
+                        "%d ms after the job ended\n", drain_ms(cl));
         ts_super_stop(&cl->super, cl->stop_signal, STOP_GRACE_MS);
     }
 }
@@ -400,10 +408,10 @@ static void on_done(ts_child *c) {
         }
     }
     /* the scheduler ended the job, or every node finished: give the rest
-     * a moment to exit by themselves */
+     * time to exit by themselves */
     if ((cl->phase == PHASE_DONE || (cl->phase == PHASE_RUNNING && nodes_gone(cl) && !cl->regrouping)) &&
         !uv_is_active((uv_handle_t *)&cl->drain_timer))
-        uv_timer_start(&cl->drain_timer, drain_expired, DRAIN_MS, 0);
+        uv_timer_start(&cl->drain_timer, drain_expired, (uint64_t)drain_ms(cl), 0);
 }
 
 static void on_signal(ts_super *s, int signum) {
