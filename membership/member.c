@@ -692,8 +692,7 @@ ts_status ts_member_step_done(ts_member *m, int64_t step)
         return ts_error(TS_ERR_MEMORY, "step_done: out of memory");
     o->step = step;
     pthread_mutex_lock(&m->mu);
-    if (step > m->last_step)
-        m->last_step = step;
+    m->last_step = step; /* the latest, lower after the job moved back to a checkpoint */
     enqueue(m, o);
     pthread_mutex_unlock(&m->mu);
     wake_io(m);

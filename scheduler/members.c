@@ -174,6 +174,7 @@ static void admit(ts_sched *s, sched_node *n, int64_t step)
     n->joined_generation = s->generation;
     n->last_seen_ms = sched_now_ms(s);
     n->last_step = n->role == TS_ROLE_WORKER ? step : -1;
+    n->step_generation = s->generation;
     n->last_barrier = -1;
     ts_sched_log(TS_SCHED_INFO, "generation %llu: %s rank %d admitted (address '%s', caps '%s'%s)",
                  (unsigned long long)s->generation, ts_proto_role_name(n->role), n->rank,
@@ -331,13 +332,16 @@ void sched_on_step_done(ts_sched *s, sched_node *n, const ts_proto_msg *m)
                      "workers report steps", ts_proto_role_name(n->role), n->rank);
         return;
     }
-    if (m->step < 0 || m->step < n->last_step) {
+    /* a step goes back only in a later generation than the one it was
+     * reported in: the workers moved back to a checkpoint (a lost shard) */
+    if (m->step < 0 || (m->step < n->last_step && m->generation <= n->step_generation)) {
         sched_reject(s, &n->id, n, TS_PROTO_E_FIELD_VALUE, "STEP_DONE step %lld from rank %d "
-                     "goes back from step %lld", (long long)m->step, n->rank,
-                     (long long)n->last_step);
+                     "goes back from step %lld in generation %llu", (long long)m->step, n->rank,
+                     (long long)n->last_step, (unsigned long long)n->step_generation);
         return;
     }
     n->last_step = m->step;
+    n->step_generation = m->generation;
     if (s->cfg.steps > 0 && n->last_step >= s->cfg.steps)
         s->worker_completed = true;
     sched_advance(s);

@@ -354,6 +354,7 @@ void th_kill_in_eval(const char *name, const char *strategy, const char *paralle
     if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after losing a worker in evaluation");
     if (th_count(&run, "evaluation at step 20 abandoned") < 1) th_dump(&run, "no survivor abandoned the evaluation");
     if (th_count(&run, "eval test at step 60") < 1) th_dump(&run, "no final evaluation");
+    if (th_count(&run, "goes back") > 0) th_dump(&run, "the scheduler refused the steps of a job that moved back");
 }
 
 void th_run_losses(const char *tag, const char *const *argv, const char *run_dir, double *loss, int steps) {

@@ -101,8 +101,9 @@ void th_run_job(const char *name, const char *arch, int steps, int batch, int ac
  * workers of strategy (down to 2; parallel_extra is spliced into
  * "parallel"), kills one that is not the leader as the evaluation of step
  * 20 starts, and fails unless a survivor abandoned that evaluation, the
- * job went on at 3 workers, ran its final evaluation and tessera-run
- * exited 0. The run folder is th_path(name). */
+ * job went on at 3 workers (the scheduler taking their steps also when
+ * they moved back to a checkpoint), ran its final evaluation and
+ * tessera-run exited 0. The run folder is th_path(name). */
 void th_kill_in_eval(const char *name, const char *strategy, const char *parallel_extra);
 
 /* Fails unless got[s] is want[s] within 1e-5 relative for s in [from, to]. */
