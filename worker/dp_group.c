@@ -291,15 +291,22 @@ static bool peers_failure(const ts_dp_group *g, ts_status st) {
     return !g->mpi_comm && (g->pending || (st != TS_ERR_SHAPE && st != TS_ERR_DTYPE && st != TS_ERR_MEMORY));
 }
 
+/* Waits for the next generation and takes part in it, voting whether this
+ * rank was evaluating. */
+static ts_status rejoin(ts_dp_group *g, bool evaluating) {
+    ts_status st = ts_dp_group_await(g);
+    if (st || g->s->finished) return st;
+    g->evaluating = evaluating;
+    st = ts_dp_group_regroup(g);
+    g->evaluating = false;
+    return st;
+}
+
 ts_status ts_dp_group_recover(ts_dp_group *g, ts_status failed, bool *again) {
     *again = false;
     if (!peers_failure(g, failed)) return failed;
-    ts_status st = ts_dp_group_await(g);
-    if (st || g->s->finished) return st;
-    g->evaluating = true;
-    st = ts_dp_group_regroup(g);
-    g->evaluating = false;
-    *again = g->all_evaluating;
+    ts_status st = rejoin(g, true);
+    *again = !st && !g->s->finished && g->all_evaluating;
     return st;
 }
 
@@ -309,8 +316,7 @@ ts_status ts_dp_group_grads(ts_dp_group *g, double *loss, int64_t *samples) {
         ts_status st = g->hooks.try_step(g->s, loss, samples);
         if (!st || !peers_failure(g, st)) return st;
         fprintf(stderr, "step %lld abandoned: %s\n", (long long)t->step + 1, ts_last_error());
-        if ((st = ts_dp_group_await(g)) || g->s->finished) return st;
-        if ((st = ts_dp_group_regroup(g))) return st;
+        if ((st = rejoin(g, false)) || g->s->finished) return st;
         if (t->step >= t->total_steps) return TS_OK;
     }
 }
