@@ -677,7 +677,17 @@ static int watch_peers(const ring *rg, const flow_plan *fl, int nflows, zmq_poll
     return nitems;
 }
 
-/* Runs the flows of a plan to the end. */
+/* Whether every flow of a plan received all it expects. */
+static bool all_received(const flow_plan *fl, int nflows) {
+    for (int i = 0; i < nflows; i++)
+        if (fl[i].got < fl[i].nrecv) return false;
+    return true;
+}
+
+/* Runs the flows of a plan to the end. Once they have received all they
+ * expect, the port is no longer read: what waits there belongs to later
+ * operations and stays in ZeroMQ's queues (a root of a broadcast may be
+ * far ahead) instead of the port's stash. */
 static ts_status run_plan(ts_comm *c, ring *rg, const ts_comm_op *op, flow_plan *fl, int nflows, char *buf) {
     size_t esize = ts_dtype_size(op->dtype);
     int timeout = ts_comm_config_of(c)->timeout_ms;
@@ -690,7 +700,8 @@ static ts_status run_plan(ts_comm *c, ring *rg, const ts_comm_op *op, flow_plan 
     for (;;) {
         bool done = true, progress = false;
         int nitems = 0;
-        items[nitems++] = (zmq_pollitem_t){rg->port->in, 0, ZMQ_POLLIN, 0};
+        bool reading = !all_received(fl, nflows);
+        if (reading) items[nitems++] = (zmq_pollitem_t){rg->port->in, 0, ZMQ_POLLIN, 0};
         for (int i = 0; !st && i < nflows; i++) {
             flow_plan *f = &fl[i];
             while (!st && f->sent < f->nsend && (f->dep[f->sent] < 0 || f->dep[f->sent] < f->got)) {
@@ -727,7 +738,7 @@ static ts_status run_plan(ts_comm *c, ring *rg, const ts_comm_op *op, flow_plan 
                         read_monitor(rg->to[p]);
                         break;
                     }
-        while (!st) {
+        while (!st && reading && !all_received(fl, nflows)) {
             ts_proto_error e = ts_proto_recv(rg->port->in, &rg->lim, ZMQ_DONTWAIT, &rx);
             if (e == TS_PROTO_E_AGAIN) break;
             if (e == TS_PROTO_OK) {
@@ -789,12 +800,16 @@ static ts_status run_allreduce(ts_comm *c, ring *rg, const ts_comm_op *op) {
     return run_rings(c, rg, op, &l, true, true, op->recv);
 }
 
+/* Reduces in a copy of send, or in send itself when in place (recv is its
+ * own slot), where the ring leaves the rank's reduced block. */
 static ts_status run_reduce_scatter(ts_comm *c, ring *rg, const ts_comm_op *op) {
     size_t esize = ts_dtype_size(op->dtype), block = (size_t)op->count * esize;
+    layout l = {op->count * rg->size, op->count, rg->size};
+    if ((const char *)op->recv == (const char *)op->send + block * (size_t)rg->rank)
+        return run_rings(c, rg, op, &l, true, false, (char *)op->recv - block * (size_t)rg->rank);
     char *work = malloc(block * (size_t)rg->size + 1);
     if (!work) return ts_error(TS_ERR_MEMORY, "ring: out of memory for %zu bytes of reduce_scatter", block * rg->size);
     memcpy(work, op->send, block * (size_t)rg->size);
-    layout l = {op->count * rg->size, op->count, rg->size};
     ts_status st = run_rings(c, rg, op, &l, true, false, work);
     if (!st) memmove(op->recv, work + block * (size_t)rg->rank, block);
     free(work);

@@ -3,7 +3,8 @@
  * from 1 element to 64 MiB (odd sizes included), f32 and bf16, over tcp
  * and ipc; a rank that dies mid-operation is named by the others within
  * the timeout; a rank that moves to the next generation first loses
- * nothing it sent there. Each rank is a forked process with its own port;
+ * nothing it sent there; a root far ahead of its peer overruns nothing.
+ * Each rank is a forked process with its own port;
  * endpoints meet through files in a temporary folder. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -224,6 +225,31 @@ static void growing_body(int r, int n, const char *transport) {
 
 static void test_growing_world(void **state) { (void)state; run_ranks(4, growing_body, "tcp"); }
 
+/* The root of three broadcasts of 160 MiB each sends them all before its
+ * peer starts the first (the peer is late): the later ones wait in the
+ * transport, not in the peer's stash (256 MiB at most), and all arrive
+ * whole. Without CURVE, so that the root is as fast as it can be. */
+static void ahead_body(int r, int n, const char *transport) {
+    ts_ring_port *port;
+    ts_comm *c = join_ring(r, n, transport, &port, 20000);
+    enum { OPS = 3, COUNT = 40 << 20 };
+    float *x = malloc((size_t)OPS * COUNT * sizeof *x);
+    CHECK(x, "out of memory");
+    for (int64_t i = 0; r == 0 && i < (int64_t)OPS * COUNT; i++) x[i] = (float)(i % 1000 + i / COUNT);
+    if (r == 1) usleep(1000 * 1000);
+    for (int k = 0; k < OPS; k++)
+        CHECK(!ts_comm_broadcast(c, x + (int64_t)k * COUNT, COUNT, TS_F32, 0), "rank %d: broadcast %d: %s", r, k,
+              ts_last_error());
+    for (int64_t i = 0; r == 1 && i < (int64_t)OPS * COUNT; i++)
+        CHECK(x[i] == (float)(i % 1000 + i / COUNT), "rank 1: [%lld] of the broadcasts", (long long)i);
+    CHECK(!ts_comm_barrier(c), "rank %d: barrier: %s", r, ts_last_error());
+    free(x);
+    ts_comm_free(c);
+    ts_ring_port_close(port);
+}
+
+static void test_root_ahead(void **state) { (void)state; run_ranks(2, ahead_body, "tcp-plain"); }
+
 static int setup(void **state) {
     (void)state;
     if (tu_make_tmp_dir(dir, sizeof dir, "tessera_ring") != 0) return -1;
@@ -240,7 +266,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two),   cmocka_unit_test(test_three), cmocka_unit_test(test_four_ipc),
         cmocka_unit_test(test_eight), cmocka_unit_test(test_death), cmocka_unit_test(test_next_generation),
-        cmocka_unit_test(test_growing_world), cmocka_unit_test(test_three_plain),
+        cmocka_unit_test(test_growing_world), cmocka_unit_test(test_three_plain), cmocka_unit_test(test_root_ahead),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);
