@@ -402,6 +402,7 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s) {
     ts_strategy *sg = t->strategy;
     double t0 = ts_clock_ms();
     int64_t samples = 0;
+    s->taken = false;
     ts_alloc_reset_peak();
     ts_alloc_reset_rss_peak();
     sg->times = (ts_comm_times){0};
@@ -428,6 +429,7 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s) {
     s->peak_bytes = a.peak;
     size_t rss;
     ts_alloc_rss(&rss, &s->rss_peak_bytes);
+    s->taken = true;
     return TS_OK;
 }
 
@@ -566,9 +568,10 @@ ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop) {
     for (;;) {
         while (!st && more_steps(t, stop)) {
             ts_step_stats s;
-            int64_t before = t->step;
             st = ts_trainer_step(t, &s);
-            if (st || t->step == before) break; /* failed, or the job ended at begin_step */
+            /* failed, or the job ended before a step (a regroup may also
+             * have moved the job back, so the step count tells nothing) */
+            if (st || !s.taken) break;
             /* a worker that became the group's leader (the old one left) takes over the metrics */
             if (t->strategy->group.leader && !t->metrics && t->run_dir[0] &&
                 !(t->metrics = ts_metrics_open(t->run_dir, t->step))) {
