@@ -11,8 +11,10 @@
  *   barrier        returns once every rank entered it
  * Reductions are sum, avg (sum / size) and max over f32, f64 and bf16 (bf16
  * values are added in f32; a backend may round partial sums to bf16 between
- * hops, as NCCL does); broadcast, allgather and send/recv carry any dtype. In place is send == recv (for allgather: send is recv's own
- * slot rank * count; for reduce_scatter: recv is send's slot rank * count).
+ * hops, as NCCL does); broadcast, allgather and send/recv carry any dtype.
+ * In place is send == recv (for allgather: send is recv's own slot rank *
+ * count; for reduce_scatter: recv is send's slot rank * count, and the
+ * other slots of send are left undefined, as in NCCL).
  *
  * Every operation has a blocking form and a non-blocking one: ts_comm_start
  * queues it on the communicator's progress thread, which runs queued

@@ -123,14 +123,20 @@ static ts_status run_reduce_scatter(ts_comm *c, MPI_Comm comm, const ts_comm_op 
         free(out);
         return ts_error(TS_ERR_MEMORY, "out of memory widening %lld bf16 values", (long long)op->count * size);
     }
+    /* in place (recv is send's own slot): MPI's in place takes the input
+     * from the whole buffer and leaves the result at its start */
+    size_t block = (size_t)op->count * ts_dtype_size(op->dtype);
+    char *whole = (char *)op->recv - block * (size_t)ts_comm_config_of(c)->rank;
+    bool in_place = !bf16 && whole == (const char *)op->send;
+    void *res = bf16 ? (void *)out : in_place ? (void *)whole : op->recv;
     MPI_Request req;
-    int rc = MPI_Ireduce_scatter_block(bf16 ? (const void *)w : op->send, bf16 ? (void *)out : op->recv,
+    int rc = MPI_Ireduce_scatter_block(bf16 ? (const void *)w : in_place ? MPI_IN_PLACE : op->send, res,
                                        (int)op->count, bf16 ? MPI_FLOAT : mpi_type(op->dtype), mpi_op(op->op), comm,
                                        &req);
     ts_status st = wait_request(c, op, &req, rc);
-    void *res = bf16 ? (void *)out : op->recv;
     if (!st && op->op == TS_REDUCE_AVG) ts_comm_finish_avg(res, op->count, bf16 ? TS_F32 : op->dtype, size);
     if (!st && bf16) narrow_into(op->recv, out, op->count);
+    if (!st && in_place) memmove(op->recv, whole, block);
     free(w);
     free(out);
     return st;

@@ -111,6 +111,7 @@ typedef struct {
     int64_t at;              /* where its shard starts in the shard buffers */
     bool kept;               /* stays gathered from forward to backward's end */
     bool gathered;           /* the flat range holds this step's values */
+    bool resident;           /* its pages of the compute buffer are committed (full mode) */
     ts_comm_req *gather;     /* its all-gather in flight */
     void *staging;           /* the gathered unit, or the gradients sent */
     size_t staging_bytes;
@@ -227,33 +228,50 @@ static char *compute_base(const fsdp_strategy *f, size_t *es) {
 
 /* ---- gathering and giving back ---- */
 
+/* Counts unit u's pages of the compute buffer as in use again before they
+ * are written (full mode gave them back). */
+static void commit_pages(unit *u) {
+    if (u->f->mode != TS_FSDP_FULL || u->resident) return;
+    size_t es;
+    char *base = compute_base(u->f, &es);
+    ts_alloc_recommit(base + u->lo * es, (size_t)u->len * es);
+    u->resident = true;
+}
+
 /* Gives unit u's pages of the compute buffer back (full mode). */
 static void release(unit *u) {
-    if (!u->gathered) return;
     u->gathered = false;
-    if (u->f->mode != TS_FSDP_FULL) return;
+    if (u->f->mode != TS_FSDP_FULL || !u->resident) return;
     size_t es;
     char *base = compute_base(u->f, &es);
     ts_alloc_decommit(base + u->lo * es, (size_t)u->len * es);
+    u->resident = false;
 }
 
-/* Starts the all-gather of unit u (f32, or bf16 with bf16 compute) into a
- * staging buffer, unless it is there or on its way. */
+/* Starts the all-gather of unit u (f32, or bf16 with bf16 compute), unless
+ * it is there or on its way: straight into its range of the compute
+ * buffer when its shards have no padding (which would spill into the next
+ * unit's range), else into a staging buffer. */
 static ts_status start_gather(unit *u) {
     fsdp_strategy *f = u->f;
     if (u->gathered || u->gather) return TS_OK;
     size_t es;
-    compute_base(f, &es);
+    char *base = compute_base(f, &es);
     if (f->shards == 1) return TS_OK; /* a copy, made when it is needed */
-    u->staging_bytes = (size_t)(u->shard * f->shards) * es;
-    u->staging = ts_alloc(u->staging_bytes);
-    if (!u->staging) return ts_last_status();
+    void *recv = base + u->lo * es;
+    if (u->shard * f->shards == u->len) {
+        commit_pages(u);
+    } else {
+        u->staging_bytes = (size_t)(u->shard * f->shards) * es;
+        recv = u->staging = ts_alloc(u->staging_bytes);
+        if (!u->staging) return ts_last_status();
+    }
     const void *send = f->b.params + u->at;
     if (es == 2) {
         for (int64_t i = 0; i < u->shard; i++) f->b.send16[u->at + i] = ts_bf16_from_f32(f->b.params[u->at + i]);
         send = f->b.send16 + u->at;
     }
-    ts_comm_op op = {.kind = TS_COMM_ALLGATHER, .send = send, .recv = u->staging, .count = u->shard,
+    ts_comm_op op = {.kind = TS_COMM_ALLGATHER, .send = send, .recv = recv, .count = u->shard,
                      .dtype = es == 2 ? TS_BF16 : TS_F32, .step = f->base.trainer->step + 1};
     return ts_comm_start(f->g.comm, &op, &u->gather);
 }
@@ -266,7 +284,8 @@ static void drop_staging(unit *u) {
 }
 
 /* Makes unit u's range of the compute buffer hold its whole parameters:
- * waits for its all-gather (started now when it was not) and copies it in. */
+ * waits for its all-gather (started now when it was not) and copies it in
+ * from staging, or from the one shard. */
 static ts_status gather(unit *u) {
     fsdp_strategy *f = u->f;
     if (u->gathered) return TS_OK;
@@ -277,11 +296,11 @@ static ts_status gather(unit *u) {
     }
     size_t es;
     char *base = compute_base(f, &es);
-    if (!st && f->mode == TS_FSDP_FULL) ts_alloc_recommit(base + u->lo * es, (size_t)u->len * es);
+    if (!st) commit_pages(u);
     if (!st && f->shards == 1 && es == 4) memcpy(base + u->lo * 4, f->b.params + u->at, (size_t)u->len * 4);
     else if (!st && f->shards == 1)
         for (int64_t i = 0; i < u->len; i++) ((uint16_t *)base)[u->lo + i] = ts_bf16_from_f32(f->b.params[u->at + i]);
-    else if (!st) memcpy(base + u->lo * es, u->staging, (size_t)u->len * es);
+    else if (!st && u->staging) memcpy(base + u->lo * es, u->staging, (size_t)u->len * es);
     drop_staging(u);
     if (!st) u->gathered = true;
     return st;
@@ -343,33 +362,51 @@ static ts_status hook_units(fsdp_strategy *f) {
 
 /* ---- gradients ---- */
 
-/* Packs unit u's parameters' gradients (released as they are taken) and
- * starts their reduction into the gradient shard: a reduce-scatter, or an
- * all-reduce with one shard; bf16 on the wire when asked. */
-static ts_status start_reduce(unit *u) {
-    fsdp_strategy *f = u->f;
-    ts_model *m = f->base.trainer->model;
-    int64_t n = u->shard * f->shards;
-    u->staging_bytes = (size_t)n * (sizeof(float) + (f->bf16_wire ? 2 : 0));
-    u->staging = ts_alloc(u->staging_bytes);
-    if (!u->staging) return ts_last_status();
-    float *g = u->staging;
-    memset(g, 0, (size_t)n * sizeof(float));
+/* Packs unit u's parameters' gradients (released as they are taken) into
+ * g[0 .. n): zeros where a parameter had none this step, between
+ * parameters and in the padding. */
+static void pack_grads(unit *u, float *g, int64_t n) {
+    ts_model *m = u->f->base.trainer->model;
+    int64_t filled = 0;
     for (int p = u->p0; p < u->p1; p++) {
         ts_tensor *leaf = m->params[p].value;
-        if (!leaf->grad) continue; /* unused this step: zero */
-        memcpy(g + (m->params[p].offset - u->lo), ts_f32(leaf->grad), (size_t)m->params[p].numel * sizeof(float));
-        ts_tensor_release(leaf->grad);
-        leaf->grad = NULL;
+        int64_t at = m->params[p].offset - u->lo, numel = m->params[p].numel;
+        memset(g + filled, 0, (size_t)(at - filled) * sizeof(float));
+        if (leaf->grad) {
+            memcpy(g + at, ts_f32(leaf->grad), (size_t)numel * sizeof(float));
+            ts_tensor_release(leaf->grad);
+            leaf->grad = NULL;
+        } else {
+            memset(g + at, 0, (size_t)numel * sizeof(float));
+        }
+        filled = at + numel;
     }
+    memset(g + filled, 0, (size_t)(n - filled) * sizeof(float));
+}
+
+/* Packs unit u's gradients and starts their reduction into the gradient
+ * shard: a reduce-scatter in place in a staging buffer (reduce_done copies
+ * the rank's slot out), or with one shard an all-reduce in the shard
+ * itself; bf16 on the wire (staged) when asked. */
+static ts_status start_reduce(unit *u) {
+    fsdp_strategy *f = u->f;
+    int64_t n = u->shard * f->shards;
+    float *g = f->b.grads + u->at;
+    if (f->shards > 1 || f->bf16_wire) {
+        u->staging_bytes = (size_t)n * (sizeof(float) + (f->bf16_wire ? 2 : 0));
+        g = u->staging = ts_alloc(u->staging_bytes);
+        if (!u->staging) return ts_last_status();
+    }
+    pack_grads(u, g, n);
+    int64_t mine = f->shards == 1 ? 0 : (int64_t)f->me * u->shard;
     ts_comm_op op = {.kind = f->shards == 1 ? TS_COMM_ALLREDUCE : TS_COMM_REDUCE_SCATTER, .send = g,
-                     .recv = f->shards == 1 ? g : f->b.grads + u->at, .count = u->shard, .dtype = TS_F32,
+                     .recv = g + mine, .count = u->shard, .dtype = TS_F32,
                      .op = TS_REDUCE_AVG, .step = f->base.trainer->step + 1};
     if (f->bf16_wire) {
         uint16_t *w = (uint16_t *)(g + n);
         for (int64_t i = 0; i < n; i++) w[i] = ts_bf16_from_f32(g[i]);
         op.send = w;
-        op.recv = w + (f->shards == 1 ? 0 : (int64_t)f->me * u->shard);
+        op.recv = w + mine;
         op.dtype = TS_BF16;
     }
     ts_status st = ts_comm_start(f->g.comm, &op, &u->reduce);
@@ -387,8 +424,8 @@ static ts_status reduce_done(unit *u, ts_status st) {
     if (!st && f->bf16_wire) {
         const uint16_t *w = (const uint16_t *)(g + n) + (f->shards == 1 ? 0 : mine);
         for (int64_t i = 0; i < u->shard; i++) out[i] = ts_f32_from_bf16(w[i]);
-    } else if (!st && f->shards == 1) {
-        memcpy(out, g, (size_t)u->shard * sizeof(float));
+    } else if (!st && f->shards > 1) {
+        memcpy(out, g + mine, (size_t)u->shard * sizeof(float));
     }
     drop_staging(u);
     return st;

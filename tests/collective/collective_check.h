@@ -68,6 +68,13 @@ static inline void check_all(ts_comm *c, int r, int n, int64_t count, ts_dtype d
     for (int64_t i = 0; i < count; i++)
         CHECK(at(b, dt, i) == reduced(TS_REDUCE_SUM, n, (int64_t)r * count + i, dt), "rank %d: reduce_scatter [%lld]", r,
               (long long)i);
+    /* reduce_scatter in place: the result lands in the rank's own slot */
+    fill(a, dt, r, count * n);
+    CHECK(!ts_comm_reduce_scatter(c, a, a + bytes * (size_t)r, count, dt, TS_REDUCE_AVG),
+          "rank %d: reduce_scatter in place: %s", r, ts_last_error());
+    for (int64_t i = 0; i < count; i++)
+        CHECK(at(a + bytes * (size_t)r, dt, i) == reduced(TS_REDUCE_AVG, n, (int64_t)r * count + i, dt),
+              "rank %d: reduce_scatter in place [%lld]", r, (long long)i);
     /* allgather in place: own block already in its slot */
     memset(b, 0, bytes * (size_t)n);
     fill(b + bytes * (size_t)r, dt, r, count);
