@@ -59,6 +59,7 @@ static int size_class(size_t n, size_t *block) {
 #define LARGE_ROUND ((size_t)4 << 10)
 #define SPLIT_MIN ((size_t)64 << 10)
 #define SEGMENT_ROUND ((size_t)8 << 20)
+#define HUGE_MIN ((size_t)32 << 20)
 
 typedef struct lblock {
     char *ptr;
@@ -98,6 +99,7 @@ static lblock *new_segment(size_t n) {
         free(b);
         return NULL;
     }
+    if (size >= HUGE_MIN) madvise(base, size, MADV_HUGEPAGE);
     *b = (lblock){.ptr = base, .size = size, .free = true};
     *s = (segment){.base = base, .size = size, .first = b, .next = segments};
     segments = s;
