@@ -54,7 +54,9 @@ static int size_class(size_t n, size_t *block) {
  * ts_alloc_empty_cache(). The pool holds a few hundred blocks at most, so
  * the searches are linear. Segments are large (SEGMENT_ROUND) because
  * untouched pages cost no memory and one long free run fragments less than
- * many short ones. */
+ * many short ones. Segments of HUGE_MIN or more (model buffers, FSDP's
+ * units) ask for transparent huge pages: a range given back and touched
+ * again (ts_alloc_decommit) then faults in 2 MiB at a time. */
 #define LARGE_MIN ((size_t)128 << 10)
 #define LARGE_ROUND ((size_t)4 << 10)
 #define SPLIT_MIN ((size_t)64 << 10)
