@@ -15,10 +15,13 @@
 # activations), activations taken from the W = 1 DDP run (its peak less
 # 16 N).
 #
-# usage: bench/fsdp.sh [STEPS] [LAYERS]   (default 4 steps, 14 layers)
+# usage: bench/fsdp.sh [STEPS] [LAYERS] [--set KEY=VALUE ...]
+#   (default 4 steps, 14 layers; the --set options go to every job, e.g.
+#   --set parallel.ring_security=none)
 set -euo pipefail
 steps=${1:-4}
 layers=${2:-14}
+shift $(( $# < 2 ? $# : 2 ))
 cd "$(dirname "$0")/.."
 bin=${TESSERA_BIN:-build/bin}
 tmp=$(mktemp -d /tmp/bench-fsdp-XXXXXX)
@@ -40,7 +43,7 @@ for w in 1 2 4; do
         else set+=(--set parallel.strategy=fsdp --set "parallel.fsdp_mode=$s"); fi
         run="$tmp/$s-$w"
         TESSERA_NUM_THREADS=$(( w == 1 ? 2 : 1 )) "$bin/tessera-run" "$tmp/job.json" --force --run-dir "$run" \
-            "${set[@]}" > "$run.log" 2>&1 || { tail -30 "$run.log"; exit 1; }
+            "${set[@]}" "$@" > "$run.log" 2>&1 || { tail -30 "$run.log"; exit 1; }
         rm -rf "$run/checkpoints" # 1.2 GB each
     done
 done

@@ -1,9 +1,11 @@
 /* pipeline.c - bench_pipeline: pipeline parallelism measured against its
  * theory and against one process, in one run.
  *
- * The model is an MLP of eight equal 784 x 784 layers (and a 784 x 10
- * head), cut (parallel.pipeline_stages) so that every stage does the same
- * work; every run is a
+ * The model is an MLP of eight layers (and a 784 x 10 head), cut
+ * (parallel.pipeline_stages) so that every stage does the same work: 784
+ * wide, but the first layer's output is 944 wide, because stage 0 computes
+ * no gradient for its input (the images), and 5 GEMMs of 784 x 944 weigh
+ * what 6 of 784 x 784 do; every run is a
  * real tessera-run job (scheduler + P stage processes, strategy
  * "pipeline", parallel.timeline on) on Fashion-MNIST with micro-batches of
  * --rows samples, each stage at one thread. From the stages' timelines
@@ -15,7 +17,9 @@
  *   2. the bubble: per step, each stage's idle share of the step's span
  *      (first forward start to last backward end over all stages),
  *      averaged over stages and over the steps after --warmup, for P = 2
- *      and 4 and M = 1, 4, 8, 16 (1f1b), beside (P - 1) / (M + P - 1);
+ *      and 4 and M = 1, 4, 8, 16 (1f1b), beside (P - 1) / (M + P - 1) and
+ *      beside a model of the same schedule with the stages' measured
+ *      costs and the measured hand-off between stages;
  *   3. stage 0's peak activation memory under gpipe and 1f1b (P = 4, M =
  *      16): the most the allocator holds after one of its forwards or
  *      backwards, beyond what it held at the step's start (what the
@@ -38,6 +42,7 @@
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "sharding/schedule.h"
 
 enum { MAX_STAGES = 4, MAX_MICRO = 16, MAX_STEPS = 64, MAX_REPS = 9 };
 
@@ -70,8 +75,8 @@ static int run_job(const char *dir, const char *strategy, int P, int M, const ch
     snprintf(job, sizeof job, "%s.json", dir);
     int pipeline = strcmp(strategy, "pipeline") == 0;
     char par[512];
-    /* the 17 units (fc0, relu0, ..., fc8) cut evenly: 2 or 4 equal stages
-     * of 784 x 784 layers, the head with the last */
+    /* the 17 units (fc0, relu0, ..., fc8) cut evenly: 2 or 4 stages of
+     * equal work, the head with the last */
     const char *cut = P == 2 ? "[8, 9]" : "[4, 4, 4, 5]";
     if (pipeline)
         snprintf(par, sizeof par, "\"strategy\": \"pipeline\", \"stages\": %d, \"micro_batches\": %d, "
@@ -80,7 +85,7 @@ static int run_job(const char *dir, const char *strategy, int P, int M, const ch
         snprintf(par, sizeof par, "\"strategy\": \"local\"");
     snprintf(text, sizeof text,
              "{\"name\": \"bench-pipeline\", \"seed\": 1, \"steps\": %d,\n"
-             " \"model\": {\"arch\": \"mlp\", \"hidden\": [784, 784, 784, 784, 784, 784, 784, 784]},\n"
+             " \"model\": {\"arch\": \"mlp\", \"hidden\": [944, 784, 784, 784, 784, 784, 784, 784]},\n"
              " \"data\": {\"kind\": \"fashion_mnist\", \"prefetch\": 0},\n"
              " \"optimizer\": {\"kind\": \"sgd\", \"lr\": 0.01},\n"
              " \"train\": {\"batch_size\": %d, \"log_every\": 1, \"eval_batches\": 1},\n"
@@ -172,6 +177,76 @@ static double bubble(const timeline *tl) {
         }
     }
     return n ? sum / n : NAN;
+}
+
+/* ---- what the bubble is made of ---- */
+
+/* The medians over the steps after the warm-up of each stage's forward and
+ * backward of one micro-batch (F[s], B[s]), and of the hand-off *x: from
+ * the end of an operation to the start of the one it feeds on the
+ * neighbour stage (forward to the next, backward to the previous), where
+ * that stage was idle, waiting for it. */
+static void stage_costs(const timeline *tl, double *F, double *B, double *x) {
+    static double f[MAX_STEPS * MAX_MICRO], b[MAX_STEPS * MAX_MICRO], h[MAX_STEPS * 2 * MAX_MICRO * MAX_STAGES];
+    size_t nh = 0;
+    for (int s = 0; s < tl->P; s++) {
+        size_t nf = 0, nb = 0;
+        for (int step = warmup + 1; step <= tl->steps; step++) {
+            const stage_step *ss = &tl->tl[step][s];
+            for (int i = 0; i < ss->n; i++) {
+                if (ss->kind[i] == 'F') f[nf++] = ss->t1[i] - ss->t0[i];
+                else b[nb++] = ss->t1[i] - ss->t0[i];
+                int from = ss->kind[i] == 'F' ? s - 1 : s + 1;
+                if (from < 0 || from >= tl->P) continue;
+                const stage_step *up = &tl->tl[step][from];
+                for (int j = 0; j < up->n; j++)
+                    if (up->kind[j] == ss->kind[i] && up->micro[j] == ss->micro[i] &&
+                        (i == 0 || ss->t1[i - 1] <= up->t1[j]))
+                        h[nh++] = ss->t0[i] - up->t1[j];
+            }
+        }
+        F[s] = nf ? bench_upper_median(f, nf) : 0;
+        B[s] = nb ? bench_upper_median(b, nb) : 0;
+    }
+    *x = nh ? bench_upper_median(h, nh) : 0;
+}
+
+/* The bubble 1f1b would have with stage costs F[s], B[s] and a hand-off
+ * of x between neighbours: each operation starts once its stage is free
+ * and its input has arrived (the theory is F and B equal, x = 0). */
+static double modelled_bubble(int P, int M, const double *F, const double *B, double x) {
+    ts_pipe_op ops[MAX_STAGES][2 * MAX_MICRO];
+    double fend[MAX_STAGES][MAX_MICRO], bend[MAX_STAGES][MAX_MICRO], free_at[MAX_STAGES] = {0},
+           busy[MAX_STAGES] = {0};
+    int next[MAX_STAGES] = {0}, left = 2 * M * P;
+    for (int s = 0; s < P; s++) {
+        ts_pipe_schedule(true, P, s, M, ops[s]);
+        for (int m = 0; m < M; m++) fend[s][m] = bend[s][m] = -1;
+    }
+    while (left) {
+        int progress = 0;
+        for (int s = 0; s < P; s++) {
+            if (next[s] == 2 * M) continue;
+            ts_pipe_op op = ops[s][next[s]];
+            bool fwd = op.kind == TS_PIPE_FORWARD;
+            double ready = fwd ? (s == 0 ? 0 : fend[s - 1][op.micro] < 0 ? -1 : fend[s - 1][op.micro] + x)
+                               : (s == P - 1 ? fend[s][op.micro] : bend[s + 1][op.micro] < 0 ? -1 : bend[s + 1][op.micro] + x);
+            if (ready < 0) continue;
+            double start = ready > free_at[s] ? ready : free_at[s], cost = fwd ? F[s] : B[s];
+            free_at[s] = start + cost;
+            busy[s] += cost;
+            (fwd ? fend : bend)[s][op.micro] = free_at[s];
+            next[s]++;
+            left--;
+            progress++;
+        }
+        if (!progress) return NAN; /* not a valid schedule */
+    }
+    double span = 0, idle = 0;
+    for (int s = 0; s < P; s++)
+        if (free_at[s] > span) span = free_at[s];
+    for (int s = 0; s < P; s++) idle += 1 - busy[s] / span;
+    return idle / P;
 }
 
 /* ---- charts ---- */
@@ -280,27 +355,39 @@ static int parse_args(int argc, char **argv, char *out, size_t cap) {
     return 0;
 }
 
-/* 1 and 2: timelines and the bubble against the theory. */
+/* 1 and 2: timelines and the bubble against the theory, and against the
+ * model of the same schedule with the stages' measured costs and hand-off
+ * (what the theory leaves out). */
 static int bubbles(FILE *svg) {
     static const int Ps[] = {2, 4}, Ms[] = {1, 4, 8, 16};
     static timeline tl;
     int y = 10;
     printf("\n## bubble (1f1b; idle share of the step's span, median over %d reps [min..max])\n", reps);
-    printf("%-3s %-3s %-9s %-22s %s\n", "P", "M", "theory", "measured", "measured - theory");
+    printf("model: the schedule with the stages' measured forward F and backward B per micro-batch and the\n"
+           "measured hand-off x between stages (theory: F and B equal on every stage, x = 0)\n");
+    printf("%-3s %-3s %-7s %-7s %-22s %-8s %-8s %s\n", "P", "M", "theory", "model", "measured", "-theory", "-model",
+           "F / B per stage ms, x ms");
     for (int pi = 0; pi < 2; pi++)
         for (int mi = 0; mi < 4; mi++) {
             int P = Ps[pi], M = Ms[mi];
-            double b[MAX_REPS], med, lo, hi;
+            double b[MAX_REPS], mod[MAX_REPS], F[MAX_STAGES], B[MAX_STAGES], x = 0, med, lo, hi, mmed, mlo, mhi;
             for (int r = 0; r < reps; r++) {
                 char dir[PATH_MAX];
                 snprintf(dir, sizeof dir, "%s/p%d-m%d-1f1b", tmp_dir, P, M);
                 if (run_job(dir, "pipeline", P, M, "1f1b", 1) || read_timeline(dir, P, M, &tl)) return 1;
                 b[r] = bubble(&tl);
+                stage_costs(&tl, F, B, &x);
+                mod[r] = modelled_bubble(P, M, F, B, x);
             }
             summary(b, reps, &med, &lo, &hi);
+            summary(mod, reps, &mmed, &mlo, &mhi);
             double theory = (double)(P - 1) / (M + P - 1);
-            printf("%-3d %-3d %-9.3f %.3f [%.3f..%.3f]   %+.1f points\n", P, M, theory, med, lo, hi,
-                   100 * (med - theory));
+            char costs[256];
+            int n = 0;
+            for (int s = 0; s < P; s++) n += snprintf(costs + n, sizeof costs - (size_t)n, "%s%.2f/%.2f", s ? " " : "", F[s], B[s]);
+            snprintf(costs + n, sizeof costs - (size_t)n, ", x %.2f", x);
+            printf("%-3d %-3d %-7.3f %-7.3f %.3f [%.3f..%.3f]   %+-8.1f %+-8.1f %s\n", P, M, theory, mmed, med, lo, hi,
+                   100 * (med - theory), 100 * (med - mmed), costs);
         }
     printf("\n## timelines (one step after the warm-up)\n");
     for (int pi = 0; pi < 2; pi++)
@@ -379,7 +466,7 @@ int main(int argc, char **argv) {
     }
     fprintf(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"%d\" "
             "font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", 4 * 40 + 22 * 12 + 20);
-    printf("bench_pipeline: MLP of 8 layers 784 x 784, micro-batches of %d rows, %d steps (first %d warm-up), "
+    printf("bench_pipeline: MLP of 8 layers 784 wide (the first 944), micro-batches of %d rows, %d steps (first %d warm-up), "
            "%d reps; runs in %s\n", rows, steps, warmup, reps, tmp_dir);
     int rc = bubbles(svg) || memory() || throughput();
     fprintf(svg, "</svg>\n");
