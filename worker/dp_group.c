@@ -245,11 +245,14 @@ ts_status ts_dp_group_regroup(ts_dp_group *g) {
         ts_status st = g->mpi_comm ? start_mpi(g) : start_ring(g);
         if (!st) st = g->hooks.agree(g->s);
         if (!st) st = ts_trainer_follow_group(g->s->trainer);
-        /* the ranks that were evaluating redo it only when all were: a rank
-         * still in (or already past) the step goes on with the next one */
-        double votes = g->evaluating;
-        if (!st) st = ts_dp_group_meet_host(g, TS_COMM_ALLREDUCE, &votes, 1, TS_F64);
-        g->all_evaluating = !st && votes == g->s->group.world;
+        /* the evaluation pass of each rank: a pass is redone when all
+         * were in it (ts_dp_group_recover) */
+        double votes[2] = {g->pass, -g->pass};
+        ts_comm_op op = meet_op(g, TS_COMM_ALLREDUCE, votes, votes, 2, TS_F64);
+        op.op = TS_REDUCE_MAX;
+        if (!st) st = ts_dp_group_run_host(g, &op);
+        g->most_pass = st ? 0 : (int)votes[0];
+        g->least_pass = st ? 0 : (int)-votes[1];
         if (!st || g->mpi_comm) return st;
         fprintf(stderr, "generation %llu: %s; waiting for the next one\n", (unsigned long long)g->next_generation,
                 ts_last_error());
@@ -291,22 +294,25 @@ static bool peers_failure(const ts_dp_group *g, ts_status st) {
     return !g->mpi_comm && (g->pending || (st != TS_ERR_SHAPE && st != TS_ERR_DTYPE && st != TS_ERR_MEMORY));
 }
 
-/* Waits for the next generation and takes part in it, voting whether this
- * rank was evaluating. */
-static ts_status rejoin(ts_dp_group *g, bool evaluating) {
+/* Waits for the next generation and takes part in it, voting the
+ * evaluation pass this rank was in (0: none). */
+static ts_status rejoin(ts_dp_group *g, int pass) {
     ts_status st = ts_dp_group_await(g);
     if (st || g->s->finished) return st;
-    g->evaluating = evaluating;
+    g->pass = pass;
     st = ts_dp_group_regroup(g);
-    g->evaluating = false;
+    g->pass = 0;
     return st;
 }
 
-ts_status ts_dp_group_recover(ts_dp_group *g, ts_status failed, bool *again) {
+ts_status ts_dp_group_recover(ts_dp_group *g, ts_status failed, bool test, bool *again) {
     *again = false;
     if (!peers_failure(g, failed)) return failed;
-    ts_status st = rejoin(g, true);
-    *again = !st && !g->s->finished && g->all_evaluating;
+    int pass = test ? 2 : 1;
+    ts_status st = rejoin(g, pass);
+    const ts_trainer *t = g->s->trainer;
+    bool last = t->step >= t->total_steps;
+    *again = !st && !g->s->finished && pass == g->most_pass && (g->least_pass == pass || last);
     return st;
 }
 
@@ -316,7 +322,7 @@ ts_status ts_dp_group_grads(ts_dp_group *g, double *loss, int64_t *samples) {
         ts_status st = g->hooks.try_step(g->s, loss, samples);
         if (!st || !peers_failure(g, st)) return st;
         fprintf(stderr, "step %lld abandoned: %s\n", (long long)t->step + 1, ts_last_error());
-        if ((st = rejoin(g, false)) || g->s->finished) return st;
+        if ((st = rejoin(g, 0)) || g->s->finished) return st;
         if (t->step >= t->total_steps) return TS_OK;
     }
 }

@@ -60,9 +60,10 @@ typedef struct {
     bool in_step;
     ts_loader_pos step_start;
     uint64_t sent_at_start; /* the communicator's sent bytes when the step began */
-    /* a regroup's vote: whether this rank was evaluating, and whether every
-     * rank of the new generation was */
-    bool evaluating, all_evaluating;
+    /* a regroup's vote: the evaluation pass this rank was in (0: none, 1:
+     * validation, 2: test), and the least and the most of the new
+     * generation's ranks */
+    int pass, least_pass, most_pass;
 } ts_dp_group;
 
 /* Opens the port of o's job (ts_ring_port_for_job, tagged what) and puts
@@ -136,12 +137,15 @@ ts_status ts_dp_group_begin_step(ts_dp_group *g);
  * (shape, dtype, memory) is returned. */
 ts_status ts_dp_group_grads(ts_dp_group *g, double *loss, int64_t *samples);
 
-/* recover: after an evaluation's collective failed with `failed`: unless
- * the failure is no peer's (shape, dtype, memory) or the job runs under
- * mpirun, waits for the next generation and regroups; *again says whether
- * every rank of it was evaluating too (then all evaluate again, else the
- * group goes on with the next step and the evaluation is skipped). */
-ts_status ts_dp_group_recover(ts_dp_group *g, ts_status failed, bool *again);
+/* recover: after an evaluation's collective failed with `failed` (in the
+ * test pass when test): unless the failure is no peer's (shape, dtype,
+ * memory) or the job runs under mpirun, waits for the next generation and
+ * regroups; *again says whether this pass runs again: when every rank of
+ * it was in the same pass, or after the last step when no rank was in a
+ * later pass (a rank still in the step evaluates next). Else the group
+ * goes on (with the next step, or with the test pass that a rank reached)
+ * and this pass is skipped. */
+ts_status ts_dp_group_recover(ts_dp_group *g, ts_status failed, bool test, bool *again);
 
 /* end_step: the step is done (the scheduler is told); the payload sent
  * during it goes to s->times.sent_bytes. */

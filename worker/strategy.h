@@ -35,14 +35,16 @@
  *                  where it has not (a pipeline stage before the last)
  *     save, load   what this process holds, in a checkpoint folder
  *     recover      (optional; NULL: none) after reduce_sums or forward
- *                  failed during an evaluation: when the world changed (a
- *                  peer died or joined) waits for the next generation and
- *                  takes part in it; *again says whether the evaluation
- *                  runs again (every rank of the new generation was in it)
- *                  or the group went on without it (a rank was still in,
- *                  or already past, the step). Else returns the failure.
- *                  The job's step may move back (a lost shard reloaded
- *                  from a checkpoint).
+ *                  failed during an evaluation (the test pass when test):
+ *                  when the world changed (a peer died or joined) waits
+ *                  for the next generation and takes part in it; *again
+ *                  says whether this pass runs again (every rank of the new
+ *                  generation was in it, or, after the last step, no rank
+ *                  was in a later pass) or the group went on without it (a
+ *                  rank was still in, or already past, the step; or in the
+ *                  final test pass while this rank validated). Else returns
+ *                  the failure. The job's step may move back (a lost shard
+ *                  reloaded from a checkpoint).
  *
  * A strategy that acts around each unit's forward and backward (FSDP
  * gathers a unit's parameters before it runs) hooks the units, the
@@ -103,7 +105,7 @@ typedef struct {
     ts_status (*end_step)(ts_strategy *s, int64_t step);
     ts_status (*save)(ts_strategy *s, char *path, size_t cap);
     ts_status (*load)(ts_strategy *s, const char *dir);
-    ts_status (*recover)(ts_strategy *s, ts_status failed, bool *again);
+    ts_status (*recover)(ts_strategy *s, ts_status failed, bool test, bool *again);
     void (*free)(ts_strategy *s);
 } ts_strategy_ops;
 

@@ -132,8 +132,8 @@ static ts_status ddp_reduce_sums(ts_strategy *s, double *v, int n) {
     return ts_dp_group_sums(&((ddp_strategy *)s)->g, v, n);
 }
 
-static ts_status ddp_recover(ts_strategy *s, ts_status failed, bool *again) {
-    return ts_dp_group_recover(&((ddp_strategy *)s)->g, failed, again);
+static ts_status ddp_recover(ts_strategy *s, ts_status failed, bool test, bool *again) {
+    return ts_dp_group_recover(&((ddp_strategy *)s)->g, failed, test, again);
 }
 
 static ts_status ddp_end_step(ts_strategy *s, int64_t step) { return ts_dp_group_end_step(&((ddp_strategy *)s)->g, step); }

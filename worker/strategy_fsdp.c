@@ -768,8 +768,8 @@ static ts_status fsdp_reduce_sums(ts_strategy *s, double *v, int n) {
     return ts_dp_group_sums(&((fsdp_strategy *)s)->g, v, n);
 }
 
-static ts_status fsdp_recover(ts_strategy *s, ts_status failed, bool *again) {
-    return ts_dp_group_recover(&((fsdp_strategy *)s)->g, failed, again);
+static ts_status fsdp_recover(ts_strategy *s, ts_status failed, bool test, bool *again) {
+    return ts_dp_group_recover(&((fsdp_strategy *)s)->g, failed, test, again);
 }
 
 /* After the optimizer step the shards changed: every gathered copy is old. */

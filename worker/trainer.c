@@ -530,9 +530,10 @@ ts_status ts_trainer_save(ts_trainer *t, char *path, size_t cap) { return t->str
 /* Validation (or test) pass with its log and metrics lines (the
  * leader's). An evaluation that fails because the world changed under it
  * (a peer died or joined) runs again in the next generation when every
- * rank there was evaluating too, or after the last step (a rank that was
- * still in it evaluates next); otherwise the group went on with the next
- * step without it. When the regroup moved the job back to an earlier step
+ * rank there was in the same pass, or after the last step unless a rank
+ * was in a later pass (a rank that was still in the step evaluates next);
+ * otherwise the group went on without it (with the next step, or with the
+ * final test pass). When the regroup moved the job back to an earlier step
  * it is moot, and the loop trains on. */
 static ts_status run_eval(ts_trainer *t, bool test) {
     int64_t at = t->step;
@@ -543,9 +544,12 @@ static ts_status run_eval(ts_trainer *t, bool test) {
         if (!st || !t->strategy->ops->recover) return st;
         fprintf(stderr, "evaluation at step %lld abandoned: %s\n", (long long)at, ts_last_error());
         bool again;
-        if ((st = t->strategy->ops->recover(t->strategy, st, &again)) || t->strategy->finished || t->step != at) return st;
-        if (!again && t->step < t->total_steps) {
-            fprintf(stderr, "evaluation at step %lld skipped: the group went on with the next step\n", (long long)at);
+        if ((st = t->strategy->ops->recover(t->strategy, st, test, &again)) || t->strategy->finished ||
+            t->step != at)
+            return st;
+        if (!again) {
+            fprintf(stderr, "evaluation at step %lld skipped: the group went on with the %s\n", (long long)at,
+                    t->step < t->total_steps ? "next step" : "test pass");
             return TS_OK;
         }
     }
