@@ -14,13 +14,16 @@
 # exposed = step(overlap) - step(compute); the all-reduce not overlapped =
 # step(serial) - step(compute); the target is exposed <= 25% of it.
 #
-# usage: sudo bench/ddp_overlap.sh [RATE] [STEPS] [BATCH] [BUCKET_MB]
-#        (default 1gbit, 120 steps, batch 16 per worker, 0.25 MiB buckets)
+# usage: sudo bench/ddp_overlap.sh [RATE] [STEPS] [BATCH] [BUCKET_MB] [--set KEY=VALUE ...]
+#        (default 1gbit, 120 steps, batch 16 per worker, 0.25 MiB buckets;
+#        the --set options go to the DDP runs, e.g.
+#        --set parallel.ring_security=none)
 set -euo pipefail
 rate=${1:-1gbit}
 steps=${2:-120}
 batch=${3:-16}
 bucket=${4:-0.25}
+shift $(( $# < 4 ? $# : 4 ))
 cd "$(dirname "$0")/.."
 bin=build/bin
 job=examples/gpt_fortunes.json
@@ -28,6 +31,7 @@ tmp=$(mktemp -d /tmp/bench-ddp-overlap-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 common=(--set "steps=$steps" --set train.eval_every=0 --set train.checkpoint_every=0 --set train.log_every=1
         --set "train.batch_size=$batch" --set schedule.warmup_steps=10)
+extra=("$@")
 export TESSERA_NUM_THREADS=1
 
 # median step_ms and wait_ms of a run folder's steps after the 10th
@@ -43,7 +47,7 @@ EOF
 run_ddp() { # name bucket_mb
     "$bin/tessera-netsim" run --nodes 3 --rate "$rate" -- "$bin/tessera-run" "$job" --run-dir "$tmp/$1" \
         "${common[@]}" --set parallel.strategy=ddp --set parallel.workers=2 --set "parallel.bucket_mb=$2" \
-        > "$tmp/$1.log" 2>&1 || { tail -20 "$tmp/$1.log"; exit 1; }
+        "${extra[@]}" > "$tmp/$1.log" 2>&1 || { tail -20 "$tmp/$1.log"; exit 1; }
 }
 
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
