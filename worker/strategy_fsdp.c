@@ -130,6 +130,8 @@ struct fsdp_strategy {
     int n_units;
     int shards, me;          /* shard count and this rank's shard */
     shard_buffers b;
+    shard_buffers prev;      /* the previous generation's, while a move is agreed on */
+    int prev_shards, prev_shard;
     ts_optim_slice *slices;
     int n_slices;
     int *unit_of;            /* per parameter: its unit */
@@ -186,14 +188,12 @@ static ts_status make_units(fsdp_strategy *f) {
     return TS_OK;
 }
 
-/* Lays the units' shards out for a world of w (this rank r): sizes and
- * places in the shard buffers, which are (re)allocated zeroed. */
-static ts_status lay_out(fsdp_strategy *f, int w, int r) {
-    ts_model *m = f->base.trainer->model;
+/* Places the units' shards for a world of w (this rank r): their sizes
+ * and where each starts in the shard buffers; returns the elements in all. */
+static int64_t place_units(fsdp_strategy *f, int w, int r) {
     f->shards = f->mode == TS_FSDP_NO_SHARD ? 1 : w;
     f->me = f->mode == TS_FSDP_NO_SHARD ? 0 : r;
     int64_t total = 0;
-    f->n_slices = 0;
     for (int k = 0; k < f->n_units; k++) {
         unit *u = &f->units[k];
         u->shard = ts_plan_shard_len(u->len, f->shards);
@@ -201,21 +201,35 @@ static ts_status lay_out(fsdp_strategy *f, int w, int r) {
         u->at = total;
         total += u->shard;
     }
-    buffers_free(&f->b);
-    free(f->slices);
-    f->slices = calloc((size_t)f->n_units + 1, sizeof *f->slices);
-    if (!f->slices) return ts_error(TS_ERR_MEMORY, "fsdp: out of memory for %d slices", f->n_units);
-    ts_status st = buffers_alloc(&f->b, total, ts_optim_state_slots(&f->base.trainer->optim),
-                                 m->compute_dtype == TS_BF16);
-    if (st) return st;
-    for (int k = 0; k < f->n_units; k++) {
+    return total;
+}
+
+/* Points the optimizer's slices at the units' shards in f->b. */
+static void point_slices(fsdp_strategy *f) {
+    f->n_slices = 0;
+    for (int k = 0; f->slices && f->b.params && k < f->n_units; k++) {
         unit *u = &f->units[k];
         if (!u->own.len) continue;
         f->slices[f->n_slices++] = (ts_optim_slice){.params = f->b.params + u->at, .grads = f->b.grads + u->at,
                                                     .state = f->b.state ? f->b.state + u->at : NULL, .stride = f->b.total,
                                                     .offset = u->lo + u->own.offset, .len = u->own.len};
     }
-    return TS_OK;
+}
+
+/* Lays the units' shards out for a world of w (this rank r): sizes and
+ * places in the shard buffers, which are (re)allocated zeroed. */
+static ts_status lay_out(fsdp_strategy *f, int w, int r) {
+    ts_model *m = f->base.trainer->model;
+    int64_t total = place_units(f, w, r);
+    f->n_slices = 0;
+    buffers_free(&f->b);
+    free(f->slices);
+    f->slices = calloc((size_t)f->n_units + 1, sizeof *f->slices);
+    if (!f->slices) return ts_error(TS_ERR_MEMORY, "fsdp: out of memory for %d slices", f->n_units);
+    ts_status st = buffers_alloc(&f->b, total, ts_optim_state_slots(&f->base.trainer->optim),
+                                 m->compute_dtype == TS_BF16);
+    if (!st) point_slices(f);
+    return st;
 }
 
 /* The buffer the forward computes with: the bf16 copy or the f32 master. */
@@ -521,17 +535,19 @@ static void cut_shards(fsdp_strategy *f) {
 
 /* Moves the shards of the previous generation (held by the ranks whose
  * states say so) into the new layout: per unit and old shard q, its holder
- * broadcasts parameters and state, and each rank keeps its part. */
+ * broadcasts parameters and state, and each rank keeps its part. The old
+ * shards stay in f->prev until the new generation is agreed on
+ * (settle_previous). */
 static ts_status move_shards(fsdp_strategy *f, const rank_state *all, int world, int old_shards) {
     int slots = ts_optim_state_slots(&f->base.trainer->optim);
     /* the old layout, before lay_out replaces it: each holder's own buffers */
-    shard_buffers old = f->b;
+    f->prev = f->b;
+    f->prev_shards = f->shards;
+    f->prev_shard = f->me;
+    const shard_buffers old = f->prev;
     f->b = (shard_buffers){0};
     int64_t *old_at = calloc((size_t)f->n_units + 1, sizeof *old_at);
-    if (!old_at) {
-        buffers_free(&old);
-        return ts_error(TS_ERR_MEMORY, "fsdp: out of memory moving shards");
-    }
+    if (!old_at) return ts_error(TS_ERR_MEMORY, "fsdp: out of memory moving shards");
     int64_t at = 0;
     for (int k = 0; k < f->n_units; k++) {
         old_at[k] = at;
@@ -573,9 +589,23 @@ static ts_status move_shards(fsdp_strategy *f, const rank_state *all, int world,
         }
         free(buf);
     }
-    buffers_free(&old);
     free(old_at);
     return st;
+}
+
+/* After a move: once the generation was agreed on (ok) the old shards go;
+ * when it failed (the world changed again) every rank takes its old
+ * shards back, so that the next generation can move them. */
+static void settle_previous(fsdp_strategy *f, bool ok) {
+    if (!f->prev.params) return;
+    if (!ok) {
+        buffers_free(&f->b);
+        f->b = f->prev;
+        f->prev = (shard_buffers){0};
+        place_units(f, f->prev_shards, f->prev_shard);
+        point_slices(f);
+    }
+    buffers_free(&f->prev);
 }
 
 /* The newest checkpoint of the run, resharded into this rank's shards, or
@@ -665,12 +695,14 @@ static ts_status agree(ts_strategy *s) {
         if (!st) cut_shards(f);
     } else if (!st && complete && same) {
         st = move_shards(f, all, world, old_shards);
+        if (st) settle_previous(f, false);
     } else if (!st) {
         st = lay_out(f, world, me);
         if (!st) st = reload(f, &from);
     }
     free(all);
     if (!st) st = ts_dp_group_meet(&f->g, TS_COMM_BARRIER, NULL, NULL, 0, TS_U8);
+    settle_previous(f, !st);
     if (st) return st;
     f->sharded = true;
     f->shard_generation = (int64_t)f->base.group.generation;
@@ -858,6 +890,7 @@ static void fsdp_free(ts_strategy *s) {
     free(f->units);
     free(f->unit_of);
     buffers_free(&f->b);
+    buffers_free(&f->prev);
     free(f->slices);
     free(f);
 }
