@@ -35,9 +35,11 @@
  * Generations (dp_group.h): a new one (a join, a death) abandons the step
  * in flight. The ranks then agree on their state: when every shard of the
  * previous generation is alive and all its holders are at one step, the
- * shards move to the new layout (broadcast per old shard); when one was
- * lost, every rank reloads the newest checkpoint, resharded (or the seed's
- * model when there is none), and the job redoes the steps since.
+ * shards move to the new layout (broadcast per old shard; each rank keeps
+ * its old shards until the move is agreed on, and takes them back when the
+ * world changes again meanwhile); when one was lost, every rank reloads the
+ * newest checkpoint, resharded (or the seed's model when there is none),
+ * and the job redoes the steps since.
  * Checkpoints are sharded (fsdp_checkpoint.h): every rank writes its file
  * into the step's temp folder, the leader commits it once all have.
  *
@@ -138,6 +140,7 @@ struct fsdp_strategy {
     double sq_norm;          /* the step's global squared gradient norm */
     int64_t reductions;      /* reductions started so far */
     bool sharded;            /* the shard buffers hold the state (else the model does) */
+    bool invalid;            /* a failed reload left them holding nothing of use */
     int64_t shard_generation; /* the generation the shards were laid out in */
 };
 
@@ -663,7 +666,8 @@ static ts_status agree(ts_strategy *s) {
     ts_trainer *t = s->trainer;
     int world = s->group.world, me = s->group.rank;
     ts_loader_pos pos = ts_dp_group_position(&f->g);
-    rank_state mine = {.generation = f->sharded ? f->shard_generation : 0, .shard = f->me, .shards = f->shards,
+    rank_state mine = {.generation = f->invalid ? -1 : f->sharded ? f->shard_generation : 0, .shard = f->me,
+                       .shards = f->shards,
                        .step = t->step, .total_steps = t->total_steps, .epoch = pos.epoch, .offset = pos.offset};
     rank_state *all = calloc((size_t)world, sizeof *all);
     if (!all) return ts_error(TS_ERR_MEMORY, "fsdp: out of memory for %d ranks' states", world);
@@ -687,9 +691,13 @@ static ts_status agree(ts_strategy *s) {
     }
     for (int q = 0; complete && q < old_shards; q++) complete = q < 1024 && seen[q];
     complete = complete && old_shards <= 1024;
-    whole = whole && first >= 0 && same;
+    bool any_invalid = false;
+    for (int r = 0; r < world; r++) any_invalid = any_invalid || all[r].generation < 0;
+    whole = whole && first >= 0 && same && !any_invalid;
     rank_state from = first >= 0 ? all[first] : mine;
-    if (!st && newest == 0 && !whole) st = ts_error(TS_ERR_STATE, "fsdp: the ranks start from different steps");
+    if (!st && newest == 0 && !whole && !any_invalid)
+        st = ts_error(TS_ERR_STATE, "fsdp: the ranks start from different steps");
+    bool reloaded = false;
     if (!st && whole) {
         st = lay_out(f, world, me);
         if (!st) cut_shards(f);
@@ -699,17 +707,25 @@ static ts_status agree(ts_strategy *s) {
     } else if (!st) {
         st = lay_out(f, world, me);
         if (!st) st = reload(f, &from);
+        reloaded = !st;
+        f->invalid = st != TS_OK;
     }
     free(all);
     if (!st) st = ts_dp_group_meet(&f->g, TS_COMM_BARRIER, NULL, NULL, 0, TS_U8);
     settle_previous(f, !st);
-    if (st) return st;
+    /* a reload stands even when the world changed again before all were
+     * done: this rank's shards are its part of the generation's layout at
+     * the checkpoint's step, and the next regroup sees them as such */
+    if (st && !reloaded) return st;
     f->sharded = true;
+    f->invalid = false;
     f->shard_generation = (int64_t)f->base.group.generation;
     t->step = from.step;
     t->total_steps = from.total_steps ? from.total_steps : t->total_steps;
     f->g.step_start = (ts_loader_pos){from.epoch, from.offset};
-    st = ts_loader_set_position(t->loader, f->g.step_start);
+    ts_status placed = ts_loader_set_position(t->loader, f->g.step_start);
+    if (st) return st;
+    st = placed;
     /* the model's whole copies are no longer used: their pages go */
     ts_model *m = t->model;
     if (!st && m->state) st = ts_model_alloc_state(m, 0);
