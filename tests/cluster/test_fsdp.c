@@ -204,6 +204,48 @@ static void test_kill_worker(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* A second worker joins while the shards move to the first joined one: a
+ * worker of the move is stopped (SIGSTOP) until the second has been
+ * admitted, so that the new generation arrives mid-move. Every rank keeps
+ * its shards, they move again to the four, and none is lost. */
+static void test_join_during_move(void **state) {
+    (void)state;
+    const char *text =
+        "{\"name\": \"fsdp-join2\", \"seed\": 3, \"steps\": 1500,\n"
+        " \"model\": {\"arch\": \"mlp\", \"hidden\": [256, 256]}, \"data\": {\"kind\": \"fashion_mnist\"},\n"
+        " \"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.001}, \"schedule\": {\"kind\": \"constant\"},\n"
+        " \"train\": {\"batch_size\": 32, \"log_every\": 10, \"eval_every\": 0, \"eval_batches\": 4, "
+        "\"checkpoint_every\": 0},\n"
+        " \"parallel\": {\"strategy\": \"fsdp\", \"workers\": 2, \"max_workers\": 4, \"heartbeat_ms\": 100, "
+        "\"heartbeat_timeout_ms\": 20000}}\n";
+    const char *job = th_write("fsdp-join2.json", text), *dir = th_path("fsdp-join2");
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
+    th_proc run = th_start("fsdp-join2", argv);
+    if (th_wait_for(&run, "step 10/1500", 60000) != 0) th_dump(&run, "no step 10");
+    pid_t held = -1;
+    if (th_joined_worker(&run, 1, &held) < 0) th_dump(&run, "no second worker's pid");
+    char addr[256], key[4200], addr_file[4200];
+    snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", dir);
+    snprintf(key, sizeof key, "%s/job.key", dir);
+    assert_int_equal(th_read_line(addr_file, addr, sizeof addr, 2000), 0);
+    const char *jargv[] = {"tessera-run", "--join", addr, "--key-file", key, job, "--run-dir", dir, NULL};
+    th_proc first = th_start("fsdp-join2-a", jargv);
+    if (th_wait_for(&run, "world size 2 -> 3 workers", 60000) != 0) th_dump(&run, "no generation of 3");
+    kill(held, SIGSTOP);
+    th_proc second = th_start("fsdp-join2-b", jargv);
+    int admitted = th_wait_for(&run, "worker rank 3 admitted", 60000);
+    usleep(300 * 1000);
+    kill(held, SIGCONT);
+    if (admitted != 0) th_dump(&run, "the second worker was not admitted");
+    if (th_wait(&first, 240000) != 0) th_dump(&first, "the first joined worker did not exit 0");
+    if (th_wait(&second, 240000) != 0) th_dump(&second, "the second joined worker did not exit 0");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 with two joined workers");
+    if (th_count(&run, "-> 4 workers") < 1) th_dump(&run, "no generation of 4");
+    if (th_count(&run, "a shard was lost") + th_count(&first, "a shard was lost") > 0)
+        th_dump(&run, "a shard was lost to a join during a move");
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* kill -9 of a worker while the others evaluate (their forwards gather
  * its shards): they reload the last checkpoint at 3 workers, train on from
  * there and finish. */
@@ -243,6 +285,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gpt_2),  cmocka_unit_test(test_gpt_4),      cmocka_unit_test(test_cnn_2),
         cmocka_unit_test(test_cnn_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_reshard), cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_kill_in_eval),
+        cmocka_unit_test(test_join_during_move),
         cmocka_unit_test(test_join),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
