@@ -703,7 +703,6 @@ static ts_status agree(ts_strategy *s) {
         if (!st) cut_shards(f);
     } else if (!st && complete && same) {
         st = move_shards(f, all, world, old_shards);
-        if (st) settle_previous(f, false);
     } else if (!st) {
         st = lay_out(f, world, me);
         if (!st) st = reload(f, &from);
