@@ -211,44 +211,6 @@ static void stage_costs(const timeline *tl, double *F, double *B, double *x) {
     *x = nh ? bench_upper_median(h, nh) : 0;
 }
 
-/* The bubble 1f1b would have with stage costs F[s], B[s] and a hand-off
- * of x between neighbours: each operation starts once its stage is free
- * and its input has arrived (the theory is F and B equal, x = 0). */
-static double modelled_bubble(int P, int M, const double *F, const double *B, double x) {
-    ts_pipe_op ops[MAX_STAGES][2 * MAX_MICRO];
-    double fend[MAX_STAGES][MAX_MICRO], bend[MAX_STAGES][MAX_MICRO], free_at[MAX_STAGES] = {0},
-           busy[MAX_STAGES] = {0};
-    int next[MAX_STAGES] = {0}, left = 2 * M * P;
-    for (int s = 0; s < P; s++) {
-        ts_pipe_schedule(true, P, s, M, ops[s]);
-        for (int m = 0; m < M; m++) fend[s][m] = bend[s][m] = -1;
-    }
-    while (left) {
-        int progress = 0;
-        for (int s = 0; s < P; s++) {
-            if (next[s] == 2 * M) continue;
-            ts_pipe_op op = ops[s][next[s]];
-            bool fwd = op.kind == TS_PIPE_FORWARD;
-            double ready = fwd ? (s == 0 ? 0 : fend[s - 1][op.micro] < 0 ? -1 : fend[s - 1][op.micro] + x)
-                               : (s == P - 1 ? fend[s][op.micro] : bend[s + 1][op.micro] < 0 ? -1 : bend[s + 1][op.micro] + x);
-            if (ready < 0) continue;
-            double start = ready > free_at[s] ? ready : free_at[s], cost = fwd ? F[s] : B[s];
-            free_at[s] = start + cost;
-            busy[s] += cost;
-            (fwd ? fend : bend)[s][op.micro] = free_at[s];
-            next[s]++;
-            left--;
-            progress++;
-        }
-        if (!progress) return NAN; /* not a valid schedule */
-    }
-    double span = 0, idle = 0;
-    for (int s = 0; s < P; s++)
-        if (free_at[s] > span) span = free_at[s];
-    for (int s = 0; s < P; s++) idle += 1 - busy[s] / span;
-    return idle / P;
-}
-
 /* ---- charts ---- */
 
 /* Prints one step of tl as rows of characters: F forward, B backward,
@@ -377,7 +339,7 @@ static int bubbles(FILE *svg) {
                 if (run_job(dir, "pipeline", P, M, "1f1b", 1) || read_timeline(dir, P, M, &tl)) return 1;
                 b[r] = bubble(&tl);
                 stage_costs(&tl, F, B, &x);
-                mod[r] = modelled_bubble(P, M, F, B, x);
+                if (ts_pipe_simulate(true, P, M, F, B, x, &mod[r])) mod[r] = NAN;
             }
             summary(b, reps, &med, &lo, &hi);
             summary(mod, reps, &mmed, &mlo, &mhi);

@@ -34,4 +34,12 @@ ts_status ts_pipe_schedule(bool one_f_one_b, int stages, int stage, int micro, t
  * (P - 1) / (M + P - 1), the fraction of each stage's time spent idle. */
 double ts_pipe_bubble(int stages, int micro);
 
+/* Plays the stages' orders out: stage s's forward costs fwd[s] and its
+ * backward bwd[s]; a forward waits for the previous stage's forward of its
+ * micro-batch and a backward for the next stage's backward, each plus
+ * `handoff`. Puts the stages' mean idle share of the span (first start to
+ * last end) in *bubble; fails if a stage is left waiting. */
+ts_status ts_pipe_simulate(bool one_f_one_b, int stages, int micro, const double *fwd, const double *bwd,
+                           double handoff, double *bubble);
+
 #endif
