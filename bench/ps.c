@@ -12,7 +12,7 @@
  * Useful value bytes per round: the model's gradients and parameters, 2 x
  * numel x 4. Each figure is the median of --reps rounds after 2 warm-up
  * rounds; raw and ps rounds interleave so load hits both alike. Output: a
- * table per S (ms per round, GB/s of values, ps / raw) on stdout.
+ * table per S (ms per round, GB/s of values, raw time / ps time) on stdout.
  *
  * With --netsim NAME (run it on node n0 of that virtual cluster: tessera-
  * netsim --name NAME exec n0 build/bin/bench_ps --netsim NAME) the
@@ -20,9 +20,11 @@
  * 1 + k mod (N - 1), each bound to its node's address, so every byte
  * crosses n0's link; the table then also gives the bound that link sets.
  *
- * A third column times the raw rounds without CURVE (plain TCP), to show
- * what encryption costs: every byte is sealed by its sender and opened by
- * its receiver.
+ * The right half repeats both without CURVE: the raw rounds on plain TCP
+ * and the shards with parallel.ps_security "none", to show what
+ * encryption costs (every byte is sealed by its sender and opened by its
+ * receiver) and what the shards add to plain ZeroMQ. Rounds of the four
+ * runs interleave.
  *
  * usage: bench_ps [--numel N] [--shards 1,2,4] [--reps R] [--netsim NAME]
  *        bench_ps --echo KEY_FILE ADDRESS [plain]   (one echo server; used by the above)
@@ -220,14 +222,17 @@ typedef struct {
     int64_t step;
 } ps_run;
 
-static int ps_start(ps_run *r, int shards, int64_t hidden, const char *job_path) {
+/* Starts a scheduler and `shards` tessera-ps processes on the job and joins
+ * as its worker; plain: with parallel.ps_security "none". */
+static int ps_start(ps_run *r, int shards, int64_t hidden, const char *job_path, bool plain) {
     memset(r, 0, sizeof *r);
     r->n = shards;
-    char text[1024], sets[2][64];
+    char text[1024], sets[3][64];
     snprintf(sets[0], sizeof sets[0], "parallel.servers=%d", shards);
     snprintf(sets[1], sizeof sets[1], "model.hidden=[%lld]", (long long)hidden);
-    const char *const set_list[] = {sets[0], sets[1]};
-    if (ts_job_load(job_path, set_list, 2, &r->job)) return fprintf(stderr, "bench_ps: %s\n", ts_last_error()), 1;
+    snprintf(sets[2], sizeof sets[2], "parallel.ps_security=\"%s\"", plain ? "none" : "curve");
+    const char *const set_list[] = {sets[0], sets[1], sets[2]};
+    if (ts_job_load(job_path, set_list, 3, &r->job)) return fprintf(stderr, "bench_ps: %s\n", ts_last_error()), 1;
     char servers[32];
     snprintf(servers, sizeof servers, "--servers=%d", shards);
     char bind[64];
@@ -245,7 +250,7 @@ static int ps_start(ps_run *r, int shards, int64_t hidden, const char *job_path)
         char at[64];
         snprintf(at, sizeof at, "parallel.bind=%s", node_addr(node));
         char *pargs[] = {"tessera-ps", "--scheduler", addr, "--key-file", key_path, "--job", (char *)job_path,
-                         "--set", sets[0], "--set", sets[1], "--set", at, NULL};
+                         "--set", sets[0], "--set", sets[1], "--set", sets[2], "--set", at, NULL};
         r->ps[i] = spawn(node, "tessera-ps", pargs, NULL);
     }
     ts_member_options opt = {.scheduler = addr, .job = r->job.name, .key_file = key_path, .role = TS_ROLE_WORKER,
@@ -342,38 +347,39 @@ int main(int argc, char **argv) {
     double gb = 2.0 * (double)keys * 4 / 1e9;
     if (netsim)
         printf("push + pull of %lld floats (%.1f MB each way) from n0 to shards on %d other nodes of virtual cluster "
-               "%s, CURVE on both; median of %d rounds\n", (long long)keys, (double)keys * 4 / 1e6, netsim->n - 1,
+               "%s; median of %d rounds\n", (long long)keys, (double)keys * 4 / 1e6, netsim->n - 1,
                netsim->name, reps);
     else
-        printf("push + pull of %lld floats (%.1f MB each way) over loopback, CURVE on both; median of %d rounds\n",
+        printf("push + pull of %lld floats (%.1f MB each way) over loopback; median of %d rounds\n",
                (long long)keys, (double)keys * 4 / 1e6, reps);
-    printf("%6s  %10s %10s  %10s %10s  %8s  %14s\n", "shards", "raw ms", "raw GB/s", "ps ms", "ps GB/s", "ps/raw",
-           "plain GB/s");
+    printf("%6s  %9s %9s  %9s %9s  %6s  |  %9s %9s  %6s\n", "", "raw", "ps", "raw", "ps", "ps/raw", "raw", "ps",
+           "ps/raw");
+    printf("%6s  %9s %9s  %9s %9s  %6s  |  %9s %9s  %6s\n", "shards", "ms", "ms", "GB/s", "GB/s", "CURVE", "GB/s",
+           "GB/s", "plain");
     for (int k = 0; k < nshards; k++) {
         int s = shards[k];
         raw_run raw, plain;
-        ps_run ps;
+        ps_run ps, ps_plain;
         size_t share = (size_t)keys * 4 / (size_t)s;
         if (s < 1 || s > MAX_SHARDS || raw_start(&raw, s, share, false) || raw_start(&plain, s, share, true) ||
-            ps_start(&ps, s, hidden, job_path))
+            ps_start(&ps, s, hidden, job_path, false) || ps_start(&ps_plain, s, hidden, job_path, true))
             return fprintf(stderr, "bench_ps: cannot start %d shards\n", s), 1;
-        double *tr = calloc((size_t)reps, sizeof *tr), *tp = calloc((size_t)reps, sizeof *tp);
-        double *tn = calloc((size_t)reps, sizeof *tn);
+        double *t[4];
+        for (int j = 0; j < 4; j++) t[j] = calloc((size_t)reps, sizeof *t[j]);
         for (int i = -2; i < reps; i++) {
-            double a = raw_round(&raw), b = ps_round(&ps), c = raw_round(&plain);
-            if (i >= 0) tr[i] = a, tp[i] = b, tn[i] = c;
+            double a = raw_round(&raw), b = ps_round(&ps), c = raw_round(&plain), d = ps_round(&ps_plain);
+            if (i >= 0) t[0][i] = a, t[1][i] = b, t[2][i] = c, t[3][i] = d;
         }
-        double mr = bench_upper_median(tr, (size_t)reps), mp = bench_upper_median(tp, (size_t)reps);
-        double mn = bench_upper_median(tn, (size_t)reps);
-        printf("%6d  %10.1f %10.3f  %10.1f %10.3f  %8.2f  %14.3f\n", s, mr, gb / (mr / 1e3), mp, gb / (mp / 1e3),
-               mr / mp, gb / (mn / 1e3));
+        double m[4];
+        for (int j = 0; j < 4; j++) m[j] = bench_upper_median(t[j], (size_t)reps);
+        printf("%6d  %9.1f %9.1f  %9.3f %9.3f  %6.2f  |  %9.3f %9.3f  %6.2f\n", s, m[0], m[1], gb / (m[0] / 1e3),
+               gb / (m[1] / 1e3), m[0] / m[1], gb / (m[2] / 1e3), gb / (m[3] / 1e3), m[2] / m[3]);
         fflush(stdout);
-        free(tr);
-        free(tp);
-        free(tn);
+        for (int j = 0; j < 4; j++) free(t[j]);
         raw_stop(&raw);
         raw_stop(&plain);
         ps_stop(&ps);
+        ps_stop(&ps_plain);
     }
     unlink(key_path);
     unlink(job_path);

@@ -4,17 +4,20 @@
 # with 2 threads, on the MLP and GPT examples; the PS step split into
 # compute, push, pull and wait (medians over the steps after the first 10).
 #
-# usage: bench/ps_train.sh [STEPS] [REPEATS]     (default 200 steps, 3 repeats)
+# usage: bench/ps_train.sh [STEPS] [REPEATS] [--set K=V ...]
+#        (default 200 steps, 3 repeats; the --set options go to every run,
+#        e.g. --set parallel.ps_security='"none"')
 # Prints one line per model and repeat, then the median ratio per model.
 set -euo pipefail
 steps=${1:-200}
 repeats=${2:-3}
+extra=("${@:3}")
 cd "$(dirname "$0")/.."
 bin=build/bin
 tmp=$(mktemp -d /tmp/bench-ps-train-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 common=(--set "steps=$steps" --set train.epochs=0 --set train.eval_every=0 --set train.eval_batches=1
-        --set train.checkpoint_every=0 --set train.log_every=1 --set parallel.ps_replicas=1)
+        --set train.checkpoint_every=0 --set train.log_every=1 --set parallel.ps_replicas=1 ${extra[@]+"${extra[@]}"})
 
 # median samples/s of a run folder's steps after the 10th, and the split
 rate() {

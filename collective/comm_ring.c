@@ -226,10 +226,8 @@ ts_ring_port *ts_ring_port_for_job(const ts_job *job, const char *key_file, cons
         snprintf(ep, sizeof ep, "ipc:///tmp/tessera-%s-%d-%s.ring", job->name, (int)getpid(), tag);
     else
         snprintf(ep, sizeof ep, "tcp://%s:0", job->parallel.bind);
-    bool curve = job->parallel.ring_security == TS_RING_CURVE;
-    if (!curve)
-        fprintf(stderr, "warning: parallel.ring_security \"none\": the workers' collective traffic is neither "
-                        "encrypted nor authenticated; use it only on a trusted network\n");
+    bool curve = job->parallel.ring_security == TS_SECURITY_CURVE;
+    if (!curve) ts_secure_warn_plain("parallel.ring_security", "the workers' collective traffic");
     return ts_ring_port_open(ep, key_file, job->name, curve);
 }
 

@@ -48,7 +48,7 @@ static const char *const strategy_names[] = {"local", "standin", "ps", "ddp", "p
 static const char *const consistency_names[] = {"sync", "async", "bounded", NULL};
 static const char *const wire_dtype_names[] = {"f32", "bf16", NULL};
 static const char *const transport_names[] = {"tcp", "ipc", NULL};
-static const char *const ring_security_names[] = {"curve", "none", NULL};
+static const char *const security_names[] = {"curve", "none", NULL};
 static const char *const pipe_schedule_names[] = {"1f1b", "gpipe", NULL};
 static const char *const fsdp_mode_names[] = {"full", "grad_op", "no_shard", NULL};
 static const char *const fsdp_unit_names[] = {"block", "model", NULL};
@@ -95,7 +95,8 @@ static const field parallel_fields[] = {
     INTS_FIELD("placement", parallel.placement, "[]", 0, 255),
     REAL_FIELD("bucket_mb", parallel.bucket_mb, "25", 0.0001, 4096),
     ENUM_FIELD("transport", parallel.transport, "\"tcp\"", transport_names),
-    ENUM_FIELD("ring_security", parallel.ring_security, "\"curve\"", ring_security_names),
+    ENUM_FIELD("ring_security", parallel.ring_security, "\"curve\"", security_names),
+    ENUM_FIELD("ps_security", parallel.ps_security, "\"curve\"", security_names),
     INT_FIELD("stages", parallel.stages, "2", 1, 1024),
     INTS_FIELD("pipeline_stages", parallel.pipeline_stages, "[]", 1, 1 << 20),
     INT_FIELD("micro_batches", parallel.micro_batches, "1", 1, 4096),

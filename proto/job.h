@@ -55,10 +55,12 @@ typedef enum { TS_FSDP_UNIT_BLOCK, TS_FSDP_UNIT_MODEL } ts_job_fsdp_unit;
 /* How workers of one host reach each other (parallel.transport). */
 typedef enum { TS_TRANSPORT_TCP, TS_TRANSPORT_IPC } ts_job_transport;
 
-/* What protects the workers' collective traffic (parallel.ring_security):
- * CURVE like every other socket, or nothing - for a trusted network only,
- * where the encryption would cost most of the link's speed. */
-typedef enum { TS_RING_CURVE, TS_RING_NONE } ts_job_ring_security;
+/* What protects a data path (parallel.ring_security: the workers'
+ * collectives; parallel.ps_security: workers to parameter servers and a
+ * primary to its backup): CURVE like every other socket, or nothing - for
+ * a trusted network only, where the encryption would cost most of the
+ * link's speed. The scheduler's connections are always CURVE. */
+typedef enum { TS_SECURITY_CURVE, TS_SECURITY_NONE } ts_job_security;
 
 enum { TS_JOB_NAME_MAX = 64, TS_JOB_BIND_MAX = 256, TS_JOB_PATH_MAX = 1024 };
 
@@ -89,7 +91,8 @@ typedef struct {
                                  each worker (cycled); empty = round robin */
     double bucket_mb;                   /* ddp: gradient bucket size (MiB) */
     ts_job_transport transport;         /* tcp, or ipc for one-host jobs */
-    ts_job_ring_security ring_security; /* curve, or none (trusted network) */
+    ts_job_security ring_security; /* curve, or none (trusted network) */
+    ts_job_security ps_security;   /* curve, or none (trusted network) */
     int stages;               /* pipeline: P stages */
     ts_job_ints pipeline_stages; /* pipeline: units of each stage; empty = cut
                                     by a profiling pass */

@@ -197,6 +197,11 @@ ts_status ts_secure_client(void *sock, const ts_secure_keys *keys) {
                   "ZMQ_CURVE_SECRETKEY");
 }
 
+void ts_secure_warn_plain(const char *field, const char *what) {
+    fprintf(stderr, "warning: %s \"none\": %s is neither encrypted nor authenticated; use it only on a trusted "
+                    "network\n", field, what);
+}
+
 /* ---- ZAP handler ------------------------------------------------------- */
 
 struct ts_secure_zap {

@@ -61,6 +61,10 @@ ts_status ts_secure_server(void *sock, const ts_secure_keys *keys);
  * Call before zmq_connect. */
 ts_status ts_secure_client(void *sock, const ts_secure_keys *keys);
 
+/* Warns on stderr that the traffic `what` carries is neither encrypted
+ * nor authenticated because job field `field` is "none". */
+void ts_secure_warn_plain(const char *field, const char *what);
+
 /* A running ZAP handler thread. */
 typedef struct ts_secure_zap ts_secure_zap;
 

@@ -59,6 +59,7 @@ typedef struct {
 typedef struct {
     const ts_ps_options *o;
     ts_secure_keys keys;
+    bool curve;              /* parallel.ps_security: the data sockets are CURVE */
     void *zctx, *sock;
     ts_secure_zap *zap;
     char endpoint[TS_PROTO_ADDR_MAX + 1];
@@ -271,7 +272,7 @@ static ts_status link_open(ps_server *sv, const char *address) {
     zmq_setsockopt(l->sock, ZMQ_ROUTING_ID, id, (size_t)idlen);
     zmq_setsockopt(l->sock, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(l->sock, ZMQ_SNDTIMEO, &timeout, sizeof timeout);
-    ts_status st = ts_secure_client(l->sock, &sv->keys);
+    ts_status st = sv->curve ? ts_secure_client(l->sock, &sv->keys) : TS_OK;
     if (!st) st = ts_proto_limit_socket(l->sock, &lim);
     if (!st && zmq_connect(l->sock, address) != 0)
         st = ts_error(TS_ERR_IO, "shard %d: cannot connect to backup %s: %s", sv->shard, address,
@@ -481,13 +482,15 @@ static void on_tick(void *owner) {
 
 /* ---- start and end ---- */
 
-/* Socket, keys and ZAP gate; binds tcp://<bind>:0 with limits for pushes of
- * up to numel keys. */
+/* Socket, keys and ZAP gate (without CURVE: neither); binds
+ * tcp://<bind>:0 with limits for pushes of up to numel keys. */
 static ts_status open_socket(ps_server *sv, int64_t numel) {
-    ts_status st = ts_secure_load(sv->o->key_file, &sv->keys);
+    sv->curve = sv->o->job->parallel.ps_security == TS_SECURITY_CURVE;
+    if (!sv->curve) ts_secure_warn_plain("parallel.ps_security", "the parameter-server traffic");
+    ts_status st = sv->curve ? ts_secure_load(sv->o->key_file, &sv->keys) : TS_OK;
     if (st) return st;
     if (!(sv->zctx = zmq_ctx_new())) return ts_error(TS_ERR_IO, "ps: zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
-    if (!(sv->zap = ts_secure_zap_start(sv->zctx, &sv->keys))) return ts_last_status();
+    if (sv->curve && !(sv->zap = ts_secure_zap_start(sv->zctx, &sv->keys))) return ts_last_status();
     if (!(sv->sock = zmq_socket(sv->zctx, ZMQ_ROUTER)))
         return ts_error(TS_ERR_IO, "ps: zmq_socket(ROUTER): %s", zmq_strerror(zmq_errno()));
     int one = 1, linger = 1000, timeout = PS_SEND_TIMEOUT_MS;
@@ -499,7 +502,8 @@ static ts_status open_socket(ps_server *sv, int64_t numel) {
     sv->lim.max_payload_bytes = (uint64_t)numel * sizeof(float) + 4096;
     sv->lim.model_size = (uint64_t)numel;
     sv->lim.job = sv->o->job->name;
-    if ((st = ts_secure_server(sv->sock, &sv->keys)) || (st = ts_proto_limit_socket(sv->sock, &sv->lim))) return st;
+    if ((sv->curve && (st = ts_secure_server(sv->sock, &sv->keys))) || (st = ts_proto_limit_socket(sv->sock, &sv->lim)))
+        return st;
     char bind[TS_JOB_BIND_MAX + 16];
     snprintf(bind, sizeof bind, "tcp://%s:0", sv->o->job->parallel.bind);
     if (zmq_bind(sv->sock, bind) != 0)

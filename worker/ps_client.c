@@ -56,6 +56,7 @@ typedef struct {
 struct ts_ps_client {
     ts_ps_client_config cfg;
     ts_secure_keys keys;
+    bool curve;                 /* parallel.ps_security: the shard links are CURVE */
     void *zctx;
     int shards;
     shard_link *s;
@@ -177,7 +178,7 @@ static ts_status connect_shard(ts_ps_client *c, int k, const char *address) {
         return ts_error(TS_ERR_IO, "ps client: zmq_socket(DEALER): %s", zmq_strerror(zmq_errno()));
     zmq_setsockopt(l->sock, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(l->sock, ZMQ_SNDTIMEO, &timeout, sizeof timeout);
-    ts_status st = ts_secure_client(l->sock, &c->keys);
+    ts_status st = c->curve ? ts_secure_client(l->sock, &c->keys) : TS_OK;
     if (!st) st = ts_proto_limit_socket(l->sock, &c->lim);
     if (!st && zmq_connect(l->sock, address) != 0)
         st = ts_error(TS_ERR_IO, "ps client: cannot connect to shard %d at %s: %s", k, address,
@@ -643,7 +644,9 @@ ts_ps_client *ts_ps_client_create(const ts_ps_client_config *cfg) {
     free(plan);
     if (!st && cfg->job->parallel.wire_dtype && !(c->wire16 = malloc((size_t)cfg->numel * sizeof *c->wire16)))
         st = ts_error(TS_ERR_MEMORY, "ps client: out of memory for bf16 gradients of %lld keys", (long long)cfg->numel);
-    if (!st) st = ts_secure_load(cfg->key_file, &c->keys);
+    c->curve = cfg->job->parallel.ps_security == TS_SECURITY_CURVE;
+    if (!c->curve) ts_secure_warn_plain("parallel.ps_security", "this worker's parameter-server traffic");
+    if (!st && c->curve) st = ts_secure_load(cfg->key_file, &c->keys);
     if (!st && !(c->zctx = zmq_ctx_new())) st = ts_error(TS_ERR_IO, "ps client: zmq_ctx_new failed");
     /* a shard's connection per I/O thread (up to 4): CURVE's work on the
      * pushes and pulls of different shards runs side by side */

@@ -2,7 +2,8 @@
  *
  * Equivalence: sync PS with W workers at batch b gives, step by step, the
  * losses of a local run at batch W*b with the same seed (within 1e-5
- * relative), for the MLP and the GPT, W = 2 and 4, S = 1 and 3 shards.
+ * relative), for the MLP and the GPT, W = 2 and 4, S = 1 and 3 shards
+ * (and for the MLP: bf16 gradients, and the shards without CURVE).
  * Async and bounded (staleness 2) reach the local run's test accuracy
  * within one point. Elastic and failures: a worker joins, a worker is
  * killed, a shard without a replica is killed and restarted from its
@@ -174,6 +175,13 @@ static void test_equivalence_mlp(void **state) {
                           "parallel.workers=2", "parallel.servers=1", NULL);
     finish_run(&p, 120000);
     same_losses(th_path("eq-mlp-bf16"), th_path("eq-mlp-local-2"), 30, 1e-2);
+    /* without CURVE (parallel.ps_security "none"), each shard with a
+     * backup: the plain links to shards and backups carry the same bits */
+    th_proc n = start_run("eq-mlp-plain", job, th_path("eq-mlp-plain"), "parallel.ps_security=\"none\"",
+                          "parallel.workers=2", "parallel.servers=2", "parallel.ps_replicas=2", NULL);
+    finish_run(&n, 120000);
+    th_expect_output(&n, "parallel.ps_security \"none\"", 0);
+    same_losses(th_path("eq-mlp-plain"), th_path("eq-mlp-local-2"), 30, 1e-5);
 }
 
 static void test_equivalence_gpt(void **state) {
