@@ -31,6 +31,7 @@ const char *ts_proto_type_name(uint32_t t) {
     case TS_MSG_REDUCE: return "reduce";
     case TS_MSG_REDUCE_REPLY: return "reduce-reply";
     case TS_MSG_ROLLBACK: return "rollback";
+    case TS_MSG_SNAPSHOT: return "snapshot";
     default: return "unknown";
     }
 }

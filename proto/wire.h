@@ -87,6 +87,7 @@ typedef enum {
     TS_MSG_REDUCE = 44,      /* worker -> shard: sum f64 values "bi" of step "s" over the workers */
     TS_MSG_REDUCE_REPLY = 45,/* shard -> worker: the sums; 1 f64 frame */
     TS_MSG_ROLLBACK = 46,    /* worker -> shard: return to the checkpoint of step "s" */
+    TS_MSG_SNAPSHOT = 47,    /* primary -> spare: part "bi" of the shard's state, floats from "of" */
 } ts_proto_type;
 
 /* Decode/validation outcomes and ERROR message codes ("co"). Values are part

@@ -142,6 +142,7 @@ static const uint8_t *type_fields(uint32_t t, size_t *n) {
     static const uint8_t blob_reply[] = {K_BK, K_FD};
     static const uint8_t pull_reply[] = {K_EP, K_OF};
     static const uint8_t collective[] = {K_CS, K_CF};
+    static const uint8_t snapshot[] = {K_BI, K_OF};
 #define LIST(a) (*n = sizeof a, a)
     switch (t) {
     case TS_MSG_JOIN: return LIST(join);
@@ -156,13 +157,14 @@ static const uint8_t *type_fields(uint32_t t, size_t *n) {
     case TS_MSG_PULL_REPLY: return LIST(pull_reply);
     case TS_MSG_REDUCE: case TS_MSG_REDUCE_REPLY: return LIST(barrier);
     case TS_MSG_COLLECTIVE: return LIST(collective);
+    case TS_MSG_SNAPSHOT: return LIST(snapshot);
     default: *n = 0; return NULL;
     }
 #undef LIST
 }
 
 /* True for types whose payload frames carry tensor data (any number). */
-static bool carries_data(uint32_t t) { return t >= TS_MSG_PUSH && t <= TS_MSG_COLLECTIVE; }
+static bool carries_data(uint32_t t) { return (t >= TS_MSG_PUSH && t <= TS_MSG_COLLECTIVE) || t == TS_MSG_SNAPSHOT; }
 
 /* True for types that carry exactly one frame of f64 values. */
 static bool carries_values(uint32_t t) {

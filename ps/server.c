@@ -7,7 +7,9 @@
  * itself with the routing id "fwd<rank>") and handed to the shard once the
  * backup acknowledged it; pulls wait behind them so a worker's pull sees
  * its own apply. Without a backup the queue is empty and requests go
- * straight to the shard, zero-copy from the received frames.
+ * straight to the shard, zero-copy from the received frames. A primary
+ * without a backup of its own start sends a spare of its shard (a restart)
+ * its whole state first; the spare is its backup once it acknowledged it.
  */
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -49,12 +51,23 @@ typedef struct ps_entry {
     bool forwarded, acked;
 } ps_entry;
 
-/* The DEALER to the backup, on its own zloop. */
-typedef struct {
+/* The DEALER to the backup, on its own zloop. A link that closed stays
+ * allocated (its handles close on the loop) until the process ends. */
+typedef struct ps_link {
+    struct ps_link *next;    /* the closed links */
     void *sock;
     ts_zloop zl;
-    bool open;
+    int to;                  /* the backup's rank */
+    bool syncing;            /* a spare: its answer to the state sent first is due */
 } ps_link;
+
+/* The state a spare is receiving from its primary, part by part. */
+typedef struct {
+    int from;                /* the primary's rank, -1: none under way */
+    int64_t part;            /* the next part expected */
+    int64_t have;            /* floats of the stream received */
+    ts_shard_state st;
+} ps_incoming;
 
 typedef struct {
     const ts_ps_options *o;
@@ -70,10 +83,19 @@ typedef struct {
     uv_loop_t loop;
     bool loop_ready;
     ts_zloop zl;
-    ps_link fwd;
+    ps_link *fwd;            /* the link to the backup, NULL none */
+    ps_link *closed;
     ps_role role;
     int primary, backup;     /* ranks in this shard's chain, -1 none */
+    int synced_to;           /* a spare that holds the state of this primary (rank), -1 none */
+    int refused;             /* a spare that refused this primary's state (rank), -1 none */
+    uint64_t refused_joined; /* and the generation it joined in */
+    uint64_t resync_ms;      /* when to offer a spare the state again (zloop clock), 0 not */
+    ps_incoming in;
+    int64_t numel;           /* the model's keys */
     uint64_t gen;            /* newest generation the member announced */
+    ts_proto_member *roster; /* its roster */
+    size_t nroster;
     int32_t *workers;        /* live workers as the shard last got them */
     int nworkers;
     ps_entry *head, *tail;
@@ -159,7 +181,7 @@ static ts_status forward(ps_server *sv, ps_entry *e) {
         atomic_fetch_add(&e->blob->refs, 1);
         p[i] = (ts_proto_payload){e->frames[i].data, e->frames[i].size, blob_unref, e->blob};
     }
-    ts_status st = ts_proto_send(sv->fwd.sock, NULL, &e->msg, p, np, 0);
+    ts_status st = ts_proto_send(sv->fwd->sock, NULL, &e->msg, p, np, 0);
     free(p);
     if (!st) e->forwarded = true;
     return st;
@@ -210,7 +232,7 @@ static bool changes_shard(ts_proto_type t) {
 /* Puts a request (from != NULL) or a workers change into the order: at once
  * when nothing waits and there is no backup, else queued (and forwarded). */
 static void enqueue(ps_server *sv, const ts_proto_identity *from, const ts_proto_msg *m, bool is_workers) {
-    if (!sv->head && !sv->fwd.open) {
+    if (!sv->head && !sv->fwd) {
         ps_entry direct = {.is_workers = is_workers, .msg = *m};
         if (from) direct.from = *from;
         dispatch(sv, &direct);
@@ -222,7 +244,7 @@ static void enqueue(ps_server *sv, const ts_proto_identity *from, const ts_proto
         else fprintf(stderr, "shard %d: out of memory queueing a workers change\n", sv->shard);
         return;
     }
-    if (sv->fwd.open && (is_workers || changes_shard(m->type)) && forward(sv, e))
+    if (sv->fwd && (is_workers || changes_shard(m->type)) && forward(sv, e))
         fprintf(stderr, "shard %d: forwarding to backup rank %d failed: %s\n", sv->shard, sv->backup, ts_last_error());
     if (sv->tail) sv->tail->next = e;
     else sv->head = e;
@@ -234,10 +256,43 @@ static void enqueue(ps_server *sv, const ts_proto_identity *from, const ts_proto
 
 static void on_tick_none(void *owner) { (void)owner; }
 
+static void link_close(ps_server *sv);
+
+/* The generation in which ps rank `rank` of the roster joined, 0 none. */
+static uint64_t joined_of(const ps_server *sv, int rank) {
+    for (size_t i = 0; i < sv->nroster; i++)
+        if (sv->roster[i].rank == rank && sv->roster[i].role == TS_ROLE_PS) return sv->roster[i].joined_generation;
+    return 0;
+}
+
+/* The spare answered the state sent to it: with an ACK it is the backup
+ * from now on; refused, the link closes and what waited goes ahead (a spare
+ * that had not seen this primary yet is offered the state again later). */
+static void on_state_answer(ps_server *sv, ts_proto_error e, const ts_proto_msg *m) {
+    ps_link *l = sv->fwd;
+    l->syncing = false;
+    if (e == TS_PROTO_OK && m->type == TS_MSG_ACK) {
+        printf("shard %d: spare rank %d holds the state of step %lld: it is the backup\n", sv->shard, l->to,
+               (long long)m->step);
+        return;
+    }
+    bool again = e == TS_PROTO_OK && m->type == TS_MSG_ERROR && m->code == TS_PROTO_E_RETRY;
+    fprintf(stderr, "shard %d: spare rank %d did not take the state: %s: %.300s%s\n", sv->shard, l->to,
+            e ? ts_proto_error_name(e) : ts_proto_type_name(m->type), e ? ts_last_error() : m->reason,
+            again ? "; offering it again" : "; it stays a spare");
+    if (again) sv->resync_ms = ts_zloop_now_ms(&sv->zl) + (uint64_t)sv->o->job->parallel.heartbeat_ms;
+    else sv->refused = l->to, sv->refused_joined = joined_of(sv, l->to);
+    link_close(sv);
+}
+
 /* The backup acknowledged the oldest forward (or refused it: then the chain
  * is broken and this process stops). */
 static void on_backup_msg(void *owner, ts_proto_error e, ts_proto_rx *rx) {
     ps_server *sv = owner;
+    if (sv->fwd && sv->fwd->syncing) {
+        on_state_answer(sv, e, &rx->msg);
+        return;
+    }
     if (e != TS_PROTO_OK || rx->msg.type != TS_MSG_ACK) {
         snprintf(sv->reason, sizeof sv->reason, "backup rank %d answered a forward with %s: %.300s", sv->backup,
                  e ? ts_proto_error_name(e) : ts_proto_type_name(rx->msg.type),
@@ -247,7 +302,7 @@ static void on_backup_msg(void *owner, ts_proto_error e, ts_proto_rx *rx) {
         ts_member_leave(sv->member, sv->reason);
         sv->member = NULL;
         ts_zloop_stop(&sv->zl);
-        ts_zloop_stop(&sv->fwd.zl);
+        link_close(sv);
         return;
     }
     for (ps_entry *x = sv->head; x; x = x->next)
@@ -258,43 +313,116 @@ static void on_backup_msg(void *owner, ts_proto_error e, ts_proto_rx *rx) {
     run_queue(sv);
 }
 
-/* Connects the DEALER to the backup at address. */
-static ts_status link_open(ps_server *sv, const char *address) {
-    ps_link *l = &sv->fwd;
+/* Connects a DEALER to backup `rank` at address: the new sv->fwd. */
+static ts_status link_open(ps_server *sv, int rank, const char *address) {
+    ps_link *l = calloc(1, sizeof *l);
+    if (!l) return ts_error(TS_ERR_MEMORY, "shard %d: out of memory for the link to rank %d", sv->shard, rank);
     char id[32];
     int idlen = snprintf(id, sizeof id, "fwd%d", sv->rank);
     int linger = 1000, timeout = PS_SEND_TIMEOUT_MS;
     ts_proto_limits lim;
     ts_proto_limits_default(&lim);
     lim.max_frames = 0;
+    l->to = rank;
     l->sock = zmq_socket(sv->zctx, ZMQ_DEALER);
-    if (!l->sock) return ts_error(TS_ERR_IO, "shard %d: zmq_socket(DEALER): %s", sv->shard, zmq_strerror(zmq_errno()));
-    zmq_setsockopt(l->sock, ZMQ_ROUTING_ID, id, (size_t)idlen);
-    zmq_setsockopt(l->sock, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_setsockopt(l->sock, ZMQ_SNDTIMEO, &timeout, sizeof timeout);
-    ts_status st = sv->curve ? ts_secure_client(l->sock, &sv->keys) : TS_OK;
+    ts_status st = l->sock ? TS_OK
+                           : ts_error(TS_ERR_IO, "shard %d: zmq_socket(DEALER): %s", sv->shard, zmq_strerror(zmq_errno()));
+    if (!st) {
+        zmq_setsockopt(l->sock, ZMQ_ROUTING_ID, id, (size_t)idlen);
+        zmq_setsockopt(l->sock, ZMQ_LINGER, &linger, sizeof linger);
+        zmq_setsockopt(l->sock, ZMQ_SNDTIMEO, &timeout, sizeof timeout);
+        st = sv->curve ? ts_secure_client(l->sock, &sv->keys) : TS_OK;
+    }
     if (!st) st = ts_proto_limit_socket(l->sock, &lim);
     if (!st && zmq_connect(l->sock, address) != 0)
-        st = ts_error(TS_ERR_IO, "shard %d: cannot connect to backup %s: %s", sv->shard, address,
+        st = ts_error(TS_ERR_IO, "shard %d: cannot connect to rank %d at %s: %s", sv->shard, rank, address,
                       zmq_strerror(zmq_errno()));
     if (!st) st = ts_zloop_init(&l->zl, &sv->loop, l->sock, &lim, 1000, on_backup_msg, on_tick_none, sv);
     if (st) {
-        zmq_close(l->sock);
-        l->sock = NULL;
+        if (l->sock) zmq_close(l->sock);
+        free(l);
         return st;
     }
     ts_zloop_start(&l->zl);
-    l->open = true;
+    sv->fwd = l;
     return TS_OK;
 }
 
-/* The backup is gone: what waited for its acknowledgement goes ahead. */
+/* The backup is gone (or refused): what waited for its acknowledgement
+ * goes ahead; the socket closes now, dropping what it still held. */
 static void link_close(ps_server *sv) {
-    if (!sv->fwd.open) return;
-    ts_zloop_stop(&sv->fwd.zl);
-    sv->fwd.open = false;
+    ps_link *l = sv->fwd;
+    if (!l) return;
+    sv->fwd = NULL;
+    ts_zloop_stop(&l->zl);
+    int zero = 0;
+    zmq_setsockopt(l->sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(l->sock);
+    l->sock = NULL;
+    l->next = sv->closed;
+    sv->closed = l;
     for (ps_entry *e = sv->head; e; e = e->next) e->acked = true;
     run_queue(sv);
+}
+
+/* ---- the state, sent to a spare ---- */
+
+/* The frames of a part of the state: at most 1 MiB each (the size the ps
+ * client sends), at most this many to a part. */
+#define STATE_FRAME_BYTES ((int64_t)1 << 20)
+#define STATE_PART_FRAMES 16
+
+/* Sends part `part` of the state (frames p[0..np), their bytes from blob,
+ * which each frame holds a reference to) to the spare. */
+static ts_status send_part(ps_server *sv, int64_t part, int64_t from, const ts_proto_payload *p, size_t np) {
+    ts_proto_msg m;
+    ts_proto_msg_init(&m, TS_MSG_SNAPSHOT, sv->o->job->name, sv->gen, sv->rank);
+    m.step = ts_shard_step(sv->sh);
+    m.barrier_id = part;
+    m.offset = from;
+    ts_status st = ts_proto_send(sv->fwd->sock, NULL, &m, p, np, 0);
+    ts_proto_msg_free(&m);
+    return st;
+}
+
+/* Sends the shard's whole state to the spare at the other end of the new
+ * link: part 0 the record and the values, then the float stream in parts
+ * that fit the spare's limits (a pull's worth of bytes at most). Forwards
+ * follow it on the same link, so the spare replays them on that state. */
+static ts_status send_state(ps_server *sv) {
+    ts_shard_state st;
+    ts_shard_snapshot_size(sv->sh, &st);
+    size_t bytes = st.nhead * 8 + st.nvalues * 8 + (size_t)st.ndata * 4;
+    ps_blob *blob = malloc(sizeof *blob + bytes);
+    if (!blob) return ts_error(TS_ERR_MEMORY, "shard %d: out of memory for its state (%zu bytes)", sv->shard, bytes);
+    atomic_init(&blob->refs, 1);
+    st.head = (int64_t *)blob->bytes;
+    st.values = (double *)(blob->bytes + st.nhead * 8);
+    st.data = (float *)(blob->bytes + st.nhead * 8 + st.nvalues * 8);
+    ts_shard_snapshot(sv->sh, &st);
+    atomic_fetch_add(&blob->refs, 2);
+    ts_proto_payload head[2] = {{st.head, st.nhead * 8, blob_unref, blob}, {st.values, st.nvalues * 8, blob_unref, blob}};
+    ts_status s = send_part(sv, 0, 0, head, 2);
+    int64_t frame = STATE_FRAME_BYTES / 4 < sv->numel ? STATE_FRAME_BYTES / 4 : sv->numel;
+    ts_proto_payload p[STATE_PART_FRAMES];
+    for (int64_t at = 0, part = 1; !s && at < st.ndata; part++) {
+        int64_t from = at;
+        size_t np = 0;
+        for (; np < STATE_PART_FRAMES && at < st.ndata && (at - from) + frame <= sv->numel; np++) {
+            int64_t n = st.ndata - at < frame ? st.ndata - at : frame;
+            atomic_fetch_add(&blob->refs, 1);
+            p[np] = (ts_proto_payload){st.data + at, (size_t)n * 4, blob_unref, blob};
+            at += n;
+        }
+        s = send_part(sv, part, from, p, np);
+    }
+    blob_unref(NULL, blob);
+    if (!s) {
+        sv->fwd->syncing = true;
+        printf("shard %d: sending spare rank %d the state of step %lld (%.1f MiB)\n", sv->shard, sv->fwd->to,
+               (long long)ts_shard_step(sv->sh), (double)bytes / (1 << 20));
+    }
+    return s;
 }
 
 /* ---- following the job ---- */
@@ -343,10 +471,56 @@ static void give_workers(ps_server *sv, uint64_t g, int32_t *w, int n) {
     ts_proto_msg_free(&m);
 }
 
-/* Takes roster r of generation g: this process's role in its shard's
- * chain, the backup link, and (primary) the live workers. */
-static void take_roster(ps_server *sv, uint64_t g, const ts_proto_member *r, size_t n) {
-    sv->gen = g;
+/* The address of live ps rank `rank` in the roster, NULL when none. */
+static const char *ps_address(const ps_server *sv, int rank) {
+    for (size_t i = 0; i < sv->nroster; i++)
+        if (sv->roster[i].rank == rank && sv->roster[i].role == TS_ROLE_PS && sv->roster[i].alive)
+            return sv->roster[i].address;
+    return NULL;
+}
+
+/* The spare a primary without a backup replicates to: the live ps of its
+ * shard that joined first (then the lowest rank), other than itself and
+ * the process that refused its state; -1 none. */
+static int first_spare(const ps_server *sv) {
+    const ts_proto_member *best = NULL;
+    for (size_t i = 0; i < sv->nroster; i++) {
+        const ts_proto_member *x = &sv->roster[i];
+        if (x->role != TS_ROLE_PS || !x->alive || x->rank == sv->rank || x->rank % sv->shards != sv->shard ||
+            (x->rank == sv->refused && x->joined_generation == sv->refused_joined))
+            continue;
+        if (!best || x->joined_generation < best->joined_generation ||
+            (x->joined_generation == best->joined_generation && x->rank < best->rank))
+            best = x;
+    }
+    return best ? best->rank : -1;
+}
+
+/* The primary's link: to backup b (same start) when there is one, else to
+ * the first spare, which is sent the state before anything is forwarded. */
+static void link_chain(ps_server *sv, int b) {
+    int want = b >= 0 ? b : first_spare(sv);
+    if (sv->fwd && sv->fwd->to == want) return;
+    link_close(sv);
+    const char *address = want >= 0 ? ps_address(sv, want) : NULL;
+    if (!address) return;
+    ts_status st = link_open(sv, want, address);
+    if (!st && b < 0 && (st = send_state(sv))) link_close(sv);
+    if (st) fprintf(stderr, "shard %d: no link to rank %d: %s\n", sv->shard, want, ts_last_error());
+}
+
+/* Drops a state being received. */
+static void drop_incoming(ps_server *sv) {
+    free(sv->in.st.head), free(sv->in.st.values), free(sv->in.st.data);
+    sv->in = (ps_incoming){.from = -1};
+}
+
+/* Takes this process's role in its shard's chain from the roster: the
+ * backup link and (primary) the live workers. */
+static void place(ps_server *sv) {
+    const ts_proto_member *r = sv->roster;
+    size_t n = sv->nroster;
+    uint64_t g = sv->gen;
     ts_keys_server *ps = calloc(n ? n : 1, sizeof *ps);
     int *primary = calloc((size_t)sv->shards, sizeof *primary), *backup = calloc((size_t)sv->shards, sizeof *backup);
     if (!ps || !primary || !backup) {
@@ -360,7 +534,12 @@ static void take_roster(ps_server *sv, uint64_t g, const ts_proto_member *r, siz
     ts_keys_chains(ps, nps, sv->shards, primary, backup);
     int p = primary[sv->shard], b = backup[sv->shard];
     free(ps), free(primary), free(backup);
-    ps_role role = p == sv->rank ? ROLE_PRIMARY : b == sv->rank ? ROLE_BACKUP : ROLE_SPARE;
+    /* a spare that took the primary's state is its backup while it lives */
+    ps_role role = p == sv->rank                                     ? ROLE_PRIMARY
+                   : b == sv->rank || (p >= 0 && sv->synced_to == p) ? ROLE_BACKUP
+                                                                     : ROLE_SPARE;
+    if (role != ROLE_BACKUP) sv->synced_to = -1;
+    if (sv->in.from >= 0 && sv->in.from != p) drop_incoming(sv);
     if (role != sv->role || p != sv->primary || b != sv->backup) {
         printf("shard %d: generation %llu: rank %d is %s (primary rank %d, backup rank %d)\n", sv->shard,
                (unsigned long long)g, sv->rank, ROLE_NAMES[role], p, b);
@@ -372,17 +551,9 @@ static void take_roster(ps_server *sv, uint64_t g, const ts_proto_member *r, siz
     sv->primary = p;
     ts_shard_set_replies(sv->sh, role == ROLE_PRIMARY);
     ts_shard_set_writer(sv->sh, role == ROLE_PRIMARY);
-    if (role == ROLE_PRIMARY && b != sv->backup) {
-        link_close(sv);
-        const char *address = NULL;
-        for (size_t i = 0; i < n; i++)
-            if (r[i].rank == b && r[i].role == TS_ROLE_PS) address = r[i].address;
-        if (b >= 0 && !sv->fwd.sock && address && link_open(sv, address))
-            fprintf(stderr, "shard %d: no link to backup rank %d: %s\n", sv->shard, b, ts_last_error());
-    } else if (role != ROLE_PRIMARY) {
-        link_close(sv);
-    }
-    sv->backup = role == ROLE_PRIMARY && sv->fwd.open ? b : role == ROLE_BACKUP ? b : -1;
+    if (role == ROLE_PRIMARY) link_chain(sv, b);
+    else link_close(sv);
+    sv->backup = role == ROLE_PRIMARY ? (sv->fwd ? sv->fwd->to : -1) : role == ROLE_BACKUP ? b : -1;
     if (role == ROLE_PRIMARY) {
         int nw;
         uint64_t formed;
@@ -393,14 +564,21 @@ static void take_roster(ps_server *sv, uint64_t g, const ts_proto_member *r, siz
     }
 }
 
+/* Takes roster r (owned from now on) of generation g. */
+static void take_roster(ps_server *sv, uint64_t g, ts_proto_member *r, size_t n) {
+    sv->gen = g;
+    free(sv->roster);
+    sv->roster = r;
+    sv->nroster = n;
+    place(sv);
+}
+
 /* Takes a generation the scheduler announced since the last look. */
 static void follow(ps_server *sv) {
     uint64_t g;
     ts_proto_member *r = NULL;
     size_t n = 0;
-    if (!ts_member_poll_membership(sv->member, &g, &r, &n)) return;
-    take_roster(sv, g, r, n);
-    free(r);
+    if (ts_member_poll_membership(sv->member, &g, &r, &n)) take_roster(sv, g, r, n);
 }
 
 /* ---- requests ---- */
@@ -417,8 +595,99 @@ static bool forwarded(const ts_proto_identity *id, int *rank) {
     return *end == '\0' && r >= 0;
 }
 
+/* Takes part 0 of a state from primary `rank`: the record and the values,
+ * checked against this shard; the stream's floats follow. */
+static ts_status take_record(ps_server *sv, int rank, const ts_proto_msg *m) {
+    if (m->nlengths != 2 || m->lengths[0] % 8 || m->lengths[1] % 8)
+        return ts_error(TS_ERR_FORMAT, "part 0 of the state has %zu frames (the record and the values, whole "
+                        "64-bit numbers, expected)", m->nlengths);
+    ts_shard_state *st = &sv->in.st;
+    st->nhead = m->lengths[0] / 8, st->nvalues = m->lengths[1] / 8;
+    st->head = malloc(m->lengths[0] ? m->lengths[0] : 1);
+    st->values = malloc(m->lengths[1] ? m->lengths[1] : 1);
+    if (!st->head || !st->values) return ts_error(TS_ERR_MEMORY, "out of memory for the state's record");
+    memcpy(st->head, m->payload[0].data, m->lengths[0]);
+    memcpy(st->values, m->payload[1].data, m->lengths[1]);
+    ts_status s = ts_shard_state_check(sv->sh, st->head, st->nhead, st->nvalues, &st->ndata);
+    if (s) return s;
+    if (!(st->data = malloc((size_t)(st->ndata ? st->ndata : 1) * sizeof *st->data)))
+        return ts_error(TS_ERR_MEMORY, "out of memory for the state's %lld floats", (long long)st->ndata);
+    sv->in.from = rank, sv->in.part = 1, sv->in.have = 0;
+    return TS_OK;
+}
+
+/* Takes the next part of the stream. */
+static ts_status take_floats(ps_server *sv, const ts_proto_msg *m) {
+    ps_incoming *in = &sv->in;
+    if (m->barrier_id != in->part || m->offset != in->have)
+        return ts_error(TS_ERR_FORMAT, "part %lld of the state starts at float %lld; part %lld from float %lld was due",
+                        (long long)m->barrier_id, (long long)m->offset, (long long)in->part, (long long)in->have);
+    for (size_t i = 0; i < m->nlengths; i++) {
+        if (m->lengths[i] % 4 || (int64_t)(m->lengths[i] / 4) > in->st.ndata - in->have)
+            return ts_error(TS_ERR_FORMAT, "part %lld of the state: frame %zu of %llu bytes runs past the %lld floats "
+                            "of the stream", (long long)in->part, i, (unsigned long long)m->lengths[i],
+                            (long long)in->st.ndata);
+        memcpy(in->st.data + in->have, m->payload[i].data, m->lengths[i]);
+        in->have += (int64_t)(m->lengths[i] / 4);
+    }
+    in->part++;
+    return TS_OK;
+}
+
+/* A spare takes its primary's state part by part; with the last one the
+ * shard becomes that state, the spare its backup, and the primary gets an
+ * ACK. A state from a rank this process does not see as its primary is
+ * turned away "retry"; a bad one is refused naming what is wrong. */
+static void on_state(ps_server *sv, const ts_proto_identity *from, int rank, const ts_proto_msg *m) {
+    if (rank != sv->primary || sv->role == ROLE_PRIMARY || (sv->role == ROLE_BACKUP && sv->synced_to != rank)) {
+        drop_incoming(sv);
+        turn_away(sv, from, TS_PROTO_E_RETRY, "shard %d: rank %d is %s with primary rank %d, not a spare of rank %d",
+                  sv->shard, sv->rank, ROLE_NAMES[sv->role], sv->primary, rank);
+        return;
+    }
+    ts_status st;
+    if (m->barrier_id == 0) {
+        drop_incoming(sv);
+        st = take_record(sv, rank, m);
+    } else if (sv->in.from != rank) {
+        st = ts_error(TS_ERR_STATE, "part %lld of a state whose record did not come", (long long)m->barrier_id);
+    } else {
+        st = take_floats(sv, m);
+    }
+    if (!st && sv->in.have == sv->in.st.ndata) {
+        const ts_shard_state *x = &sv->in.st;
+        int n;
+        int32_t *w = NULL;
+        if (!(st = ts_shard_install(sv->sh, x->head, x->nhead, x->values, x->nvalues, x->data, x->ndata)) &&
+            (w = ts_shard_live_workers(sv->sh, &n))) {
+            free(sv->workers);
+            sv->workers = w, sv->nworkers = n;
+        }
+        drop_incoming(sv);
+        if (!st) {
+            sv->synced_to = rank;
+            sv->role = ROLE_BACKUP;
+            printf("shard %d: rank %d took the state of step %lld from primary rank %d: it is its backup\n", sv->shard,
+                   sv->rank, (long long)ts_shard_step(sv->sh), rank);
+            ts_proto_msg a;
+            ts_proto_msg_init(&a, TS_MSG_ACK, sv->o->job->name, sv->gen, sv->rank);
+            a.step = ts_shard_step(sv->sh);
+            reply(sv, from, &a, NULL, 0);
+        }
+    }
+    if (st) {
+        drop_incoming(sv);
+        turn_away(sv, from, TS_PROTO_E_REFUSED, "shard %d: the state from rank %d: %s", sv->shard, rank,
+                  ts_last_error());
+    }
+}
+
 /* A backup takes what its primary forwarded and acknowledges it. */
 static void on_forward(ps_server *sv, const ts_proto_identity *from, int rank, const ts_proto_msg *m) {
+    if (m->type == TS_MSG_SNAPSHOT) {
+        on_state(sv, from, rank, m);
+        return;
+    }
     if (sv->role != ROLE_BACKUP || rank != sv->primary) {
         turn_away(sv, from, TS_PROTO_E_REFUSED, "shard %d: rank %d is %s, not the backup of rank %d", sv->shard,
                   sv->rank, ROLE_NAMES[sv->role], rank);
@@ -472,12 +741,16 @@ static void on_msg(void *owner, ts_proto_error e, ts_proto_rx *rx) {
 static void on_tick(void *owner) {
     ps_server *sv = owner;
     follow(sv);
+    if (sv->resync_ms && ts_zloop_now_ms(&sv->zl) >= sv->resync_ms) {
+        sv->resync_ms = 0;
+        place(sv);
+    }
     int code = 0;
     if (!ts_member_shutdown_requested(sv->member, &code, sv->reason, sizeof sv->reason)) return;
     sv->code = code;
+    link_close(sv);
     ts_shard_checkpoint(sv->sh);
     ts_zloop_stop(&sv->zl);
-    if (sv->fwd.open) ts_zloop_stop(&sv->fwd.zl);
 }
 
 /* ---- start and end ---- */
@@ -566,21 +839,27 @@ static void close_handle(uv_handle_t *h, void *arg) {
 }
 
 static void server_free(ps_server *sv) {
-    if (sv->loop_ready) {
-        ts_zloop_stop(&sv->zl);
-        if (sv->fwd.sock) ts_zloop_stop(&sv->fwd.zl);
-        uv_walk(&sv->loop, close_handle, NULL);
-        uv_run(&sv->loop, UV_RUN_DEFAULT);
-        uv_loop_close(&sv->loop);
-    }
-    ts_zloop_free(&sv->zl);
-    ts_zloop_free(&sv->fwd.zl);
     while (sv->head) {
         ps_entry *e = sv->head;
         sv->head = e->next;
         entry_free(e);
     }
-    if (sv->fwd.sock) zmq_close(sv->fwd.sock);
+    link_close(sv);
+    if (sv->loop_ready) {
+        ts_zloop_stop(&sv->zl);
+        uv_walk(&sv->loop, close_handle, NULL);
+        uv_run(&sv->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&sv->loop);
+    }
+    ts_zloop_free(&sv->zl);
+    while (sv->closed) {
+        ps_link *l = sv->closed;
+        sv->closed = l->next;
+        ts_zloop_free(&l->zl);
+        free(l);
+    }
+    drop_incoming(sv);
+    free(sv->roster);
     if (sv->sock) zmq_close(sv->sock);
     ts_secure_zap_stop(sv->zap);
     if (sv->zctx) zmq_ctx_term(sv->zctx);
@@ -589,7 +868,8 @@ static void server_free(ps_server *sv) {
 }
 
 int ts_ps_run(const ts_ps_options *o) {
-    ps_server sv = {.o = o, .shards = o->job->parallel.servers, .primary = -1, .backup = -1, .role = ROLE_SPARE};
+    ps_server sv = {.o = o, .shards = o->job->parallel.servers, .primary = -1, .backup = -1, .role = ROLE_SPARE,
+                    .synced_to = -1, .refused = -1, .in.from = -1};
     ts_model_spec spec;
     ts_model *m = NULL;
     ts_status st = sv.shards >= 1 ? TS_OK
@@ -597,7 +877,7 @@ int ts_ps_run(const ts_ps_options *o) {
     if (!st) st = ts_job_model_spec(o->job, &spec);
     if (!st && !(m = ts_job_model_build(o->job, &spec, 0, -1)))
         st = ts_last_status();
-    if (!st) st = open_socket(&sv, m->numel);
+    if (!st) sv.numel = m->numel, st = open_socket(&sv, m->numel);
     if (!st) st = join(&sv);
     if (!st) st = make_shard(&sv, m);
     ts_model_free(m);
@@ -614,8 +894,9 @@ int ts_ps_run(const ts_ps_options *o) {
         if (!(st = ts_member_roster(sv.member, &r, &n, &g))) {
             ts_member_poll_membership(sv.member, NULL, NULL, NULL); /* the join's own generation */
             take_roster(&sv, g, r, n);
+        } else {
+            free(r);
         }
-        free(r);
     }
     if (st) {
         fprintf(stderr, "tessera-ps: %s\n", ts_last_error());

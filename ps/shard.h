@@ -7,7 +7,8 @@
  * the shard's checkpoint). It is a state machine without sockets: the
  * server (server.c) hands it every request in the order it decided, and the
  * shard answers through the reply function of its config. A backup replays
- * the same sequence with replies off and so holds the same bits.
+ * the same sequence with replies off and so holds the same bits; a spare
+ * first takes the primary's whole state (snapshot.c), then does the same.
  *
  * Requests (ps/README.md has the conversation):
  *   PUSH      stages a worker's gradient for ranges of step "s" (answered
@@ -108,5 +109,45 @@ void ts_shard_checkpoint(ts_shard *s);
  * keeps its state). Step 0 needs none: its keys are the seed's. A
  * checkpoint of another range or model is refused naming both. */
 ts_status ts_shard_restore(ts_shard *s, int64_t step, bool *found);
+
+/* ---- the whole state, for a spare (snapshot.c) ---- */
+
+/* A shard's whole state as three arrays: the record (steps, the decided
+ * step, the reductions, each worker's bookkeeping and coverage), the f64
+ * values (the decided ones, each worker's commit and reduction) and the
+ * stream of floats (parameters, optimizer state, the decided gradient,
+ * each worker's staging). */
+typedef struct {
+    int64_t *head;
+    size_t nhead;
+    double *values;
+    size_t nvalues;
+    float *data;
+    int64_t ndata;
+} ts_shard_state;
+
+/* Sets st's three sizes to those of the shard's state now. */
+void ts_shard_snapshot_size(const ts_shard *s, ts_shard_state *st);
+
+/* Writes the state into st's arrays, sized by ts_shard_snapshot_size with
+ * nothing handled in between. */
+void ts_shard_snapshot(const ts_shard *s, const ts_shard_state *st);
+
+/* Checks a record against this shard (its keys, its optimizer's state
+ * slots, counts, flags, ranks in order, spans inside its keys) and that
+ * nvalues values go with it; *ndata is the floats its stream holds. The
+ * message names the field that is wrong. */
+ts_status ts_shard_state_check(const ts_shard *s, const int64_t *head, size_t nhead, size_t nvalues,
+                               int64_t *ndata);
+
+/* Makes the shard's state that of the snapshot (head, values, data), which
+ * is checked first: a bad one, or one whose stream has another length,
+ * changes nothing. Waiting pulls are dropped (a spare has none). */
+ts_status ts_shard_install(ts_shard *s, const int64_t *head, size_t nhead, const double *values, size_t nvalues,
+                           const float *data, int64_t ndata);
+
+/* The live workers' ranks, ascending, *n of them (malloc'd; NULL when
+ * memory ran out). */
+int32_t *ts_shard_live_workers(const ts_shard *s, int *n);
 
 #endif

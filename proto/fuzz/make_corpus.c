@@ -12,6 +12,7 @@ static const uint32_t TYPES[] = {
     TS_MSG_STATUS_REPLY, TS_MSG_BLOB_PUT, TS_MSG_BLOB_GET, TS_MSG_BLOB_REPLY, TS_MSG_PUSH,
     TS_MSG_PULL, TS_MSG_PULL_REPLY, TS_MSG_COLLECTIVE, TS_MSG_ACK, TS_MSG_COMMIT,
     TS_MSG_COMMIT_REPLY, TS_MSG_APPLY, TS_MSG_REDUCE, TS_MSG_REDUCE_REPLY, TS_MSG_ROLLBACK,
+    TS_MSG_SNAPSHOT,
 };
 
 /* Fills m (type t) with valid values; returns the payload frame count and
@@ -58,6 +59,10 @@ static size_t fill(ts_proto_msg *m, uint32_t t, uint64_t *lens) {
         return 1;
     }
     if (t == TS_MSG_ACK || t == TS_MSG_ROLLBACK) return 0;
+    if (t == TS_MSG_SNAPSHOT) { /* the record and the values of part 0 */
+        lens[0] = 32, lens[1] = 16;
+        return 2;
+    }
     if (t >= TS_MSG_PUSH) {
         m->dtype = TS_PROTO_DT_F32;
         ts_proto_msg_set_ranges(m, ranges, 2);

@@ -8,7 +8,8 @@
  * within one point. Elastic and failures: a worker joins, a worker is
  * killed, a shard without a replica is killed and restarted from its
  * checkpoint (the job rolls back and replays), a primary with a backup is
- * killed (nothing is lost: the losses are those of an undisturbed run);
+ * killed (nothing is lost: the losses are those of an undisturbed run),
+ * and killed again once its restart took the state of the one promoted;
  * each ends with a checkpoint that evaluates to the expected accuracy. A
  * job resumed from its checkpoints goes on as if it never stopped.
  * Run one test by name: cluster_test_ps <name>.
@@ -345,6 +346,35 @@ static void test_kill_primary(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* kill -9 of a primary, its restart taking the promoted backup's state,
+ * then kill -9 of that backup: the restarted process, which received the
+ * whole shard and every update after it, takes over. Nothing is lost
+ * either time (no replay) and every loss is that of an undisturbed run. */
+static void test_kill_primary_twice(void **state) {
+    (void)state;
+    const char *job = elastic_job("killp2", 600, "\"workers\": 2, \"ps_replicas\": 2, \"max_restarts\": 1");
+    const char *run = th_path("run-killp2");
+    th_proc p = start_run("killp2", job, run, NULL);
+    th_expect_output(&p, "step 60/600", 30000);
+    pid_t first = pid_of(&p, "ps", 0), second = pid_of(&p, "ps", 2); /* shard 0's primary and backup */
+    assert_true(first > 0 && second > 0);
+    kill(first, SIGKILL);
+    th_expect_output(&p, "shard 0: promoted to primary at step ", 20000);
+    th_expect_output(&p, "[run] ps 0 exited with signal 9; restarting it (restart 1 of 1)", 10000);
+    th_expect_output(&p, "shard 0: rank 0 took the state of step ", 30000);
+    if (th_count(&p, "step 600/600")) th_dump(&p, "the job ended before the restarted rank 0 took the state");
+    kill(second, SIGKILL);
+    finish_run(&p, 120000);
+    if (th_count(&p, "shard 0: promoted to primary at step ") != 2) th_dump(&p, "rank 0 was not promoted");
+    if (th_count(&p, "replays") != 0) th_dump(&p, "a step was replayed: something was lost");
+    th_proc quiet = start_run("killp2-quiet", job, th_path("run-quiet-p2"), "parallel.ps_replicas=1",
+                              "parallel.max_restarts=0", NULL);
+    finish_run(&quiet, 120000);
+    same_losses(run, th_path("run-quiet-p2"), 600, 0);
+    expect_accuracy(run, 600);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* A sync job stopped at step 40 and resumed with --resume goes on from the
  * shards' checkpoints (parameters, optimizer state, data position, step)
  * with the losses of a run that never stopped. */
@@ -391,7 +421,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_equivalence_mlp), cmocka_unit_test(test_equivalence_gpt),
         cmocka_unit_test(test_async_bounded),   cmocka_unit_test(test_join),
         cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_kill_shard),
-        cmocka_unit_test(test_kill_primary),    cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_kill_primary),    cmocka_unit_test(test_kill_primary_twice),
+        cmocka_unit_test(test_resume),
         cmocka_unit_test(test_mpirun),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);

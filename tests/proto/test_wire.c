@@ -24,6 +24,7 @@ static const uint32_t ALL_TYPES[] = {
     TS_MSG_STATUS_REPLY, TS_MSG_BLOB_PUT, TS_MSG_BLOB_GET, TS_MSG_BLOB_REPLY, TS_MSG_PUSH,
     TS_MSG_PULL, TS_MSG_PULL_REPLY, TS_MSG_COLLECTIVE, TS_MSG_ACK, TS_MSG_COMMIT,
     TS_MSG_COMMIT_REPLY, TS_MSG_APPLY, TS_MSG_REDUCE, TS_MSG_REDUCE_REPLY, TS_MSG_ROLLBACK,
+    TS_MSG_SNAPSHOT,
 };
 #define NTYPES (sizeof ALL_TYPES / sizeof ALL_TYPES[0])
 
@@ -88,6 +89,10 @@ static void sample(ts_proto_msg *m, uint32_t t) {
         break;
     case TS_MSG_ACK:
     case TS_MSG_ROLLBACK: break;
+    case TS_MSG_SNAPSHOT:
+        m->barrier_id = 2;
+        m->offset = 1280;
+        break;
     default: {
         m->epoch = 3;
         m->offset = 1280;
@@ -107,7 +112,7 @@ static size_t sample_payload(uint32_t t, ts_proto_frame *fr, const float *data) 
         fr[0] = (ts_proto_frame){data, 7};
         return 1;
     }
-    if (t == TS_MSG_PUSH || t == TS_MSG_PULL_REPLY || t == TS_MSG_COLLECTIVE) {
+    if (t == TS_MSG_PUSH || t == TS_MSG_PULL_REPLY || t == TS_MSG_COLLECTIVE || t == TS_MSG_SNAPSHOT) {
         fr[0] = (ts_proto_frame){data, 16};
         fr[1] = (ts_proto_frame){data + 4, 8};
         return 2;
