@@ -2,7 +2,9 @@
  * sockets: a sync step gives a local run's update bit for bit; a change of
  * workers makes the step be computed again; a restarted shard says where
  * it is and rolls back to its checkpoint; async applies each commit; bad
- * requests are refused, answered and counted; sums are reduced. */
+ * requests are refused, answered and counted; sums are reduced; a spare
+ * that takes a shard's whole state mid-step goes on exactly as it does,
+ * and a damaged state is refused without touching the spare. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -386,6 +388,79 @@ static int teardown(void **state) {
     return 0;
 }
 
+/* The shard's whole state, malloc'd (free with free_state). */
+static ts_shard_state state_of(const ts_shard *s) {
+    ts_shard_state st;
+    ts_shard_snapshot_size(s, &st);
+    st.head = malloc(st.nhead * sizeof *st.head);
+    st.values = malloc(st.nvalues * sizeof *st.values);
+    st.data = malloc((size_t)(st.ndata ? st.ndata : 1) * sizeof *st.data);
+    assert_true(st.head && st.values && st.data);
+    ts_shard_snapshot(s, &st);
+    return st;
+}
+
+static void free_state(ts_shard_state *st) { free(st->head), free(st->values), free(st->data); }
+
+static ts_status install(ts_shard *s, const ts_shard_state *st) {
+    return ts_shard_install(s, st->head, st->nhead, st->values, st->nvalues, st->data, st->ndata);
+}
+
+static void same_state(const ts_shard *a, const ts_shard *b) {
+    ts_shard_state x = state_of(a), y = state_of(b);
+    assert_int_equal(x.nhead, y.nhead);
+    assert_int_equal(x.nvalues, y.nvalues);
+    assert_int_equal(x.ndata, y.ndata);
+    assert_memory_equal(x.head, y.head, x.nhead * sizeof *x.head);
+    assert_memory_equal(x.values, y.values, x.nvalues * sizeof *x.values);
+    assert_memory_equal(x.data, y.data, (size_t)x.ndata * sizeof *x.data);
+    free_state(&x), free_state(&y);
+}
+
+static void test_spare_takes_the_state(void **state) {
+    (void)state;
+    ts_shard *a = make_shard("sync", 0, NULL), *b = make_shard("sync", 0, NULL);
+    int64_t off, len;
+    ts_shard_range(a, &off, &len);
+    float *g = gradient(2);
+    sync_step(a, 1, g);
+    /* mid-step 2: worker 2 pushed and committed, worker 3 pushed half */
+    push(a, 2, 2, 1, off, len, g + off);
+    commit(a, 2, 2, 1, 1.0);
+    push(a, 3, 2, 1, off, len / 2, g + off);
+    ts_shard_state st = state_of(a);
+    /* damaged states are refused, naming what is wrong, and change nothing */
+    int64_t was = st.head[1];
+    st.head[1] = off + 1;
+    assert_int_equal(install(b, &st), TS_ERR_FORMAT);
+    assert_non_null(strstr(ts_last_error(), "keys"));
+    st.head[1] = was;
+    assert_int_equal(ts_shard_install(b, st.head, st.nhead, st.values, st.nvalues, st.data, st.ndata - 1),
+                     TS_ERR_FORMAT);
+    assert_non_null(strstr(ts_last_error(), "floats"));
+    assert_int_equal(ts_shard_install(b, st.head, st.nhead - 1, st.values, st.nvalues, st.data, st.ndata),
+                     TS_ERR_FORMAT);
+    assert_int_equal(ts_shard_step(b), 0);
+    /* the whole state: b is a, and the rest of the step keeps them equal */
+    assert_int_equal(install(b, &st), TS_OK);
+    free_state(&st);
+    assert_int_equal(ts_shard_step(b), 1);
+    same_state(a, b);
+    ts_shard_set_replies(b, false);
+    for (ts_shard *s = a; s; s = s == a ? b : NULL) {
+        push(s, 3, 2, 1, off + len / 2, len - len / 2, g + off + len / 2);
+        commit(s, 3, 2, 1, 1.0);
+        double sq = 1;
+        values(s, TS_MSG_APPLY, 2, 2, 1, &sq, 1);
+    }
+    assert_int_equal(ts_shard_step(b), 2);
+    same_state(a, b);
+    free(g);
+    forget_replies();
+    ts_shard_free(a);
+    ts_shard_free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sync_step_is_the_local_update),
@@ -394,6 +469,7 @@ int main(void) {
         cmocka_unit_test(test_async_applies_each_commit),
         cmocka_unit_test(test_bad_requests_are_refused),
         cmocka_unit_test(test_reduce_sums_over_workers),
+        cmocka_unit_test(test_spare_takes_the_state),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }
