@@ -240,6 +240,16 @@ bool ts_node_wants(const ts_node *node, int i) {
     return node->inputs[i] && node->inputs[i]->requires_grad;
 }
 
+ts_tensor *ts_node_grad_sink(const ts_node *node, int i) {
+    const ts_tensor *x = node->inputs[i];
+    ts_tensor *g = x ? x->grad : NULL;
+    if (!g || x->grad_fn || !x->requires_grad || !x->storage || !g->storage) return NULL;
+    if (g->dtype != x->dtype || !ts_tensor_same_shape(g, x) || !ts_tensor_is_contiguous(g) ||
+        !ts_device_equal(ts_tensor_device(g), ts_tensor_device(x)))
+        return NULL;
+    return g;
+}
+
 void ts_node_retain(ts_node *node) {
     if (node) node->refcount++;
 }

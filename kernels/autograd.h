@@ -117,6 +117,15 @@ void ts_node_forget_input_data(ts_node *node, int i);
 /* Whether input i of node needs a gradient. */
 bool ts_node_wants(const ts_node *node, int i);
 
+/* The .grad a backward may add input i's gradient into itself, instead
+ * of returning it for the engine to add: input i is a leaf that requires
+ * grad and already has a dense .grad of its shape, dtype and device (a
+ * model's parameter, whose .grad is a view of the flat gradient buffer);
+ * else NULL. A backward that adds into it leaves grad_in[i] NULL; the
+ * engine still runs the leaf's grad_hook once the pass is done with it.
+ * For a GEMM this saves the temporary, its zeroing and the add. */
+ts_tensor *ts_node_grad_sink(const ts_node *node, int i);
+
 void ts_node_retain(ts_node *node);
 void ts_node_release(ts_node *node);
 

@@ -7,19 +7,11 @@
 #include "kernels/ops/activation.h"
 #include "kernels/ops/conv.h"
 #include "kernels/ops/dropout.h"
-#include "kernels/ops/elementwise.h"
 #include "kernels/ops/embedding.h"
 #include "kernels/ops/matmul.h"
 #include "kernels/ops/norm.h"
 #include "kernels/ops/pool.h"
 #include "kernels/ops/view.h"
-
-/* Releases a and b and returns r (keeps forward bodies short). */
-static ts_tensor *done2(ts_tensor *r, ts_tensor *a, ts_tensor *b) {
-    ts_tensor_release(a);
-    ts_tensor_release(b);
-    return r;
-}
 
 /* The module, or NULL after freeing it when any registration failed. */
 static ts_module *checked(ts_module *mod, bool ok) {
@@ -33,28 +25,14 @@ static ts_module *checked(ts_module *mod, bool ok) {
 /* ---- Linear ---- */
 
 static ts_tensor *linear_forward(ts_module *mod, ts_tensor *x) {
-    ts_tensor *w = ts_module_weight(mod, 0);
-    int64_t in = w->shape[1];
-    if (x->ndim < 1 || x->shape[x->ndim - 1] != in) {
+    ts_tensor *w = ts_module_weight(mod, 0), *b = mod->n_params > 1 ? ts_module_weight(mod, 1) : NULL;
+    if (!w || (mod->n_params > 1 && !b)) return NULL;
+    if (x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1]) {
         ts_error(TS_ERR_SHAPE, "Linear %s: input %s does not end in %lld features", mod->name, ts_shape_str(x),
-                 (long long)in);
+                 (long long)w->shape[1]);
         return NULL;
     }
-    /* one GEMM over all leading dims: [N, in] x W^T (folded transpose) */
-    ts_tensor *x2 = ts_reshape(x, 2, (int64_t[]){-1, in});
-    ts_tensor *wt = ts_transpose(w, 0, 1);
-    ts_tensor *y = x2 && wt ? ts_matmul(x2, wt) : NULL;
-    done2(NULL, x2, wt);
-    if (y && mod->n_params > 1) {
-        ts_tensor *yb = ts_add(y, ts_module_weight(mod, 1));
-        ts_tensor_release(y);
-        y = yb;
-    }
-    if (!y) return NULL;
-    int64_t shape[TS_MAX_DIMS];
-    for (int d = 0; d < x->ndim - 1; d++) shape[d] = x->shape[d];
-    shape[x->ndim - 1] = w->shape[0];
-    return done2(ts_reshape(y, x->ndim, shape), y, NULL);
+    return ts_linear(x, w, b);
 }
 
 static const ts_module_ops linear_ops = {"Linear", linear_forward, NULL};

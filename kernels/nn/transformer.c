@@ -193,15 +193,9 @@ static ts_tensor *gpt_head_forward(ts_module *mod, ts_tensor *x) {
         ts_error(TS_ERR_SHAPE, "gpt head: input %s is not [B, T, C]", ts_shape_str(x));
         return NULL;
     }
-    int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2], V = wte->shape[0];
-    ts_tensor *t[5] = {0};
-    t[0] = ts_layernorm(x, lnw, lnb, 1e-5);
-    if (t[0]) t[1] = ts_reshape(t[0], 2, (int64_t[]){B * T, C});
-    if (t[1]) t[2] = ts_transpose(wte, 0, 1);
-    if (t[2]) t[3] = ts_matmul(t[1], t[2]);
-    if (t[3]) t[4] = ts_reshape(t[3], 3, (int64_t[]){B, T, V});
-    ts_tensor *out = t[4];
-    release_all(4, t);
+    ts_tensor *h = ts_layernorm(x, lnw, lnb, 1e-5);
+    ts_tensor *out = h ? ts_linear(h, wte, NULL) : NULL; /* [B, T, V] */
+    ts_tensor_release(h);
     return out;
 }
 

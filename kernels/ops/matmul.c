@@ -7,6 +7,7 @@
 
 #include "kernels/autograd.h"
 #include "kernels/ops/backend.h"
+#include "kernels/ops/reduce.h"
 #include "kernels/ops/view.h"
 
 /* One operand of a batched GEMM: a matrix of rows x cols with element
@@ -331,4 +332,113 @@ ts_tensor *ts_matmul(ts_tensor *a, ts_tensor *b) {
     ts_tensor_release(a2);
     ts_tensor_release(b2);
     return out;
+}
+
+/* ---- linear: x Wᵀ + b ---- */
+
+/* t as a [rows, last dim] matrix without history: a view of t when it is
+ * contiguous, else of a dense copy. */
+static ts_tensor *as_rows(const ts_tensor *t) {
+    ts_tensor *d = ts_tensor_dense(t);
+    if (!d) return NULL;
+    int64_t shape[2] = {1, t->shape[t->ndim - 1]};
+    for (int i = 0; i < t->ndim - 1; i++) shape[0] *= t->shape[i];
+    ts_tensor *r = ts_tensor_from_storage(d->storage, d->dtype, d->offset, 2, shape, NULL);
+    ts_tensor_release(d);
+    return r;
+}
+
+/* Adds the gradient got for input i (a [rows, cols] matrix, from
+ * make(out)) into the leaf's .grad directly when the engine allows
+ * (ts_node_grad_sink), else hands a new one back in *gin. make computes
+ * into out, adding to it when accumulate. */
+typedef ts_status (*grad_maker)(ts_tensor *out, bool accumulate, ts_tensor *const *args);
+
+static ts_status grad_into(ts_node *n, int i, grad_maker make, ts_tensor *const *args, ts_tensor **gin) {
+    const ts_tensor *x = n->inputs[i];
+    ts_tensor *sink = ts_node_grad_sink(n, i);
+    ts_tensor *out = sink ? ts_tensor_retain(sink) : ts_tensor_empty_on(ts_tensor_device(x), x->dtype, x->ndim, x->shape);
+    ts_status st = out ? make(out, sink != NULL, args) : ts_last_status();
+    if (!st && !sink) *gin = ts_tensor_retain(out);
+    ts_tensor_release(out);
+    return st;
+}
+
+/* dW (+)= gᵀ x: args g [N, out], x [N, in]. */
+static ts_status weight_grad(ts_tensor *out, bool accumulate, ts_tensor *const *args) {
+    ts_tensor *gt = raw_mT(args[0]);
+    ts_status st = gt ? ts_matmul_into(out, gt, args[1], accumulate) : ts_last_status();
+    ts_tensor_release(gt);
+    return st;
+}
+
+/* db (+)= the column sums of g [N, out]. */
+static ts_status bias_grad(ts_tensor *out, bool accumulate, ts_tensor *const *args) {
+    ts_tensor *s = ts_sum(args[0], 1, (int[]){0}, false);
+    ts_status st = !s ? ts_last_status() : accumulate ? ts_tensor_add_(out, s) : ts_tensor_copy_(out, s);
+    ts_tensor_release(s);
+    return st;
+}
+
+/* y = x Wᵀ + b: dx = g W, dW = gᵀ x, db = g summed over rows; the last
+ * two straight into the parameters' .grad when the engine allows. */
+static ts_status linear_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
+    ts_tensor *x = n->inputs[0], *w = n->inputs[1];
+    ts_tensor *g2 = as_rows(g), *x2 = NULL, *dx = NULL;
+    ts_status st = g2 ? TS_OK : ts_last_status();
+    if (!st && ts_node_wants(n, 0)) {
+        gin[0] = ts_tensor_empty_on(ts_tensor_device(x), x->dtype, x->ndim, x->shape);
+        dx = gin[0] ? as_rows(gin[0]) : NULL;
+        st = dx ? ts_matmul_into(dx, g2, w, false) : ts_last_status();
+    }
+    if (!st && ts_node_wants(n, 1)) {
+        x2 = as_rows(x);
+        st = x2 ? grad_into(n, 1, weight_grad, (ts_tensor *[]){g2, x2}, &gin[1]) : ts_last_status();
+    }
+    if (!st && n->inputs[2] && ts_node_wants(n, 2)) st = grad_into(n, 2, bias_grad, (ts_tensor *[]){g2}, &gin[2]);
+    ts_tensor_release(g2);
+    ts_tensor_release(x2);
+    ts_tensor_release(dx);
+    return st;
+}
+
+/* Checks linear's operands; the error names the shapes. */
+static ts_status linear_check(const ts_tensor *x, const ts_tensor *w, const ts_tensor *b) {
+    const char *op = "linear";
+    if (ts_check_arg(op, "x", x, TS_FLOATS) || ts_check_arg(op, "weight", w, TS_FLOATS) ||
+        (b && ts_check_arg(op, "bias", b, TS_FLOATS)))
+        return ts_last_status();
+    if (w->dtype != x->dtype || (b && b->dtype != x->dtype))
+        return ts_error(TS_ERR_DTYPE, "%s: dtypes of x %s, weight %s%s%s differ", op, ts_dtype_name(x->dtype),
+                        ts_dtype_name(w->dtype), b ? ", bias " : "", b ? ts_dtype_name(b->dtype) : "");
+    if (w->ndim != 2 || x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1])
+        return ts_error(TS_ERR_SHAPE, "%s: x %s does not end in the in-features of weight %s ([out, in])", op,
+                        ts_shape_str(x), ts_shape_str(w));
+    if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
+        return ts_error(TS_ERR_SHAPE, "%s: bias %s is not [%lld], the out-features of weight %s", op, ts_shape_str(b),
+                        (long long)w->shape[0], ts_shape_str(w));
+    return TS_OK;
+}
+
+ts_tensor *ts_linear(ts_tensor *x, ts_tensor *w, ts_tensor *b) {
+    if (linear_check(x, w, b) || !ts_backend_for("linear", 3, (ts_tensor *[]){x, w, b})) return NULL;
+    int64_t shape[TS_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] = w->shape[0];
+    ts_tensor *y = ts_tensor_empty_on(ts_tensor_device(x), x->dtype, x->ndim, shape);
+    ts_tensor *x2 = y ? as_rows(x) : NULL, *y2 = x2 ? as_rows(y) : NULL, *wt = y2 ? raw_mT(w) : NULL, *bs = NULL;
+    ts_status st = wt ? TS_OK : ts_last_status();
+    if (!st && b) { /* the bias in every row, then the GEMM adds onto it */
+        bs = ts_tensor_from_storage(b->storage, b->dtype, b->offset, 2, y2->shape, (int64_t[]){0, b->strides[0]});
+        st = bs ? ts_tensor_copy_(y2, bs) : ts_last_status();
+    }
+    if (!st) st = ts_matmul_into(y2, x2, wt, b != NULL);
+    ts_tensor *tmp[] = {x2, y2, wt, bs};
+    for (int i = 0; i < 4; i++) ts_tensor_release(tmp[i]);
+    if (st) {
+        ts_tensor_release(y);
+        return NULL;
+    }
+    ts_autograd_record(y, "linear", linear_backward, 3, (ts_tensor *[]){x, w, b});
+    return y;
 }

@@ -34,4 +34,14 @@ ts_tensor *ts_matmul(ts_tensor *a, ts_tensor *b);
  * backward passes here and in conv2d, and by ops that need a raw GEMM. */
 ts_status ts_matmul_into(ts_tensor *out, const ts_tensor *a, const ts_tensor *b, bool accumulate);
 
+/* A fully connected layer: y = x·wᵀ + b, x [..., in], w [out, in], b
+ * [out] or NULL, one float dtype; y [..., out]. One GEMM over all leading
+ * dims of x onto the bias laid down in every row (no separate add).
+ * Differentiable in all three; backward's weight and bias gradients go
+ * straight into w's and b's .grad when they are leaves that have one (a
+ * model's flat gradient buffer: ts_node_grad_sink), with no temporary.
+ * Errors name the shapes, e.g. "linear: x [4,8] does not end in the
+ * in-features of weight [3,9] ([out, in])". */
+ts_tensor *ts_linear(ts_tensor *x, ts_tensor *w, ts_tensor *b);
+
 #endif

@@ -1,6 +1,7 @@
 /* test_matmul.c - matmul values against a naive loop, gradcheck over 2-D,
  * vector, batched and broadcast shapes with transposed and strided operands,
- * no copies for transposed views, ts_matmul_into, and the error messages. */
+ * no copies for transposed views, ts_matmul_into, the error messages, and
+ * ts_linear (values, gradients, adding into .grad slots in place). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +11,7 @@
 
 #include "kernels/alloc.h"
 #include "kernels/autograd.h"
+#include "kernels/ops/elementwise.h"
 #include "kernels/ops/matmul.h"
 #include "kernels/ops/view.h"
 #include "kernels/tensor.h"
@@ -243,6 +245,102 @@ static void test_empty_inner_dim(void **state) {
     ts_tensor_release(c);
 }
 
+/* ---- linear ---- */
+
+static ts_tensor *linear_fn(ts_tensor *const *in, void *ctx) {
+    return ts_linear(in[0], in[1], ctx ? NULL : in[2]);
+}
+
+/* Gives each leaf a zero .grad that is a view of one flat buffer, as a
+ * model's parameters have (so linear's backward adds into them itself). */
+static ts_tensor *preset_grads(int n, ts_tensor *const *t) {
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += ts_tensor_numel(t[i]);
+    ts_tensor *flat = ts_tensor_zeros(TS_F64, SHAPE(total));
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        t[i]->grad = ts_tensor_from_storage(flat->storage, TS_F64, off, t[i]->ndim, t[i]->shape, NULL);
+        off += ts_tensor_numel(t[i]);
+    }
+    return flat;
+}
+
+/* values against matmul + add, gradients by finite differences, with and
+ * without a bias, with and without .grad slots already there */
+static void test_linear_values_and_grads(void **state) {
+    (void)state;
+    for (int preset = 0; preset < 2; preset++)
+        for (int bias = 0; bias < 2; bias++) {
+            ts_tensor *in[3] = {leaf(61, SHAPE(2, 3, 5)), leaf(62, SHAPE(4, 5)), leaf(63, SHAPE(4))};
+            ts_tensor *flat = preset ? preset_grads(3, in) : NULL;
+            ts_tensor *y = linear_fn(in, bias ? NULL : in);
+            ts_tensor *wt = ts_transpose(in[1], 0, 1), *p = ts_matmul(in[0], wt);
+            ts_tensor *ref = bias ? ts_add(p, in[2]) : ts_tensor_retain(p);
+            expect_close(y, ref, 1e-12);
+            check_grad(linear_fn, bias ? NULL : in, bias ? 3 : 2, in);
+            if (preset) assert_true(in[1]->grad->storage == flat->storage); /* added in place */
+            ts_tensor *t[] = {in[0], in[1], in[2], flat, y, wt, p, ref};
+            release_all(8, t);
+        }
+    ts_tensor *in1[3] = {leaf(64, SHAPE(5)), leaf(65, SHAPE(3, 5)), leaf(66, SHAPE(3))}; /* 1-D input */
+    check_grad(linear_fn, NULL, 3, in1);
+    release_all(3, in1);
+}
+
+static int hook_calls;
+static ts_status count_hook(ts_tensor *t, void *ctx) {
+    (void)t, (void)ctx;
+    hook_calls++;
+    return TS_OK;
+}
+
+/* a second backward adds onto the first in the .grad slots, each slot's
+ * hook runs once a pass, and no temporary is made for the parameters'
+ * gradients: one pass allocates only dx (added into x's .grad by the
+ * engine) and the bias's column sums */
+static void test_linear_adds_into_grads(void **state) {
+    (void)state;
+    ts_tensor *in[3] = {leaf_of(71, TS_F32, SHAPE(6, 8)), leaf_of(72, TS_F32, SHAPE(3, 8)), leaf_of(73, TS_F32, SHAPE(3))};
+    for (int i = 0; i < 3; i++) {
+        in[i]->grad = ts_tensor_zeros(TS_F32, in[i]->ndim, in[i]->shape);
+        in[i]->grad_hook = i ? count_hook : NULL;
+    }
+    hook_calls = 0;
+    ts_tensor *g = ts_tensor_ones(TS_F32, SHAPE(6, 3));
+    for (int pass = 0; pass < 2; pass++) {
+        ts_tensor *y = ts_linear(in[0], in[1], in[2]);
+        size_t n0 = ts_alloc_get_stats().n_allocs;
+        assert_int_equal(ts_backward(y, g), TS_OK);
+        if (pass == 0) assert_int_equal(ts_alloc_get_stats().n_allocs - n0, 2); /* dx, and the bias's column sums */
+        ts_tensor_release(y);
+    }
+    assert_int_equal(hook_calls, 4);
+    for (int64_t o = 0; o < 3; o++) {
+        assert_true(ts_tensor_get(in[2]->grad, o) == 12.0); /* 2 passes x 6 rows */
+        for (int64_t j = 0; j < 8; j++) {
+            double s = 0;
+            for (int64_t r = 0; r < 6; r++) s += 2 * ts_tensor_get(in[0], r * 8 + j);
+            double got = ts_tensor_get(in[1]->grad, o * 8 + j);
+            assert_true(got - s < 1e-4 && s - got < 1e-4);
+        }
+    }
+    release_all(3, in);
+    ts_tensor_release(g);
+}
+
+static void test_linear_errors(void **state) {
+    (void)state;
+    ts_tensor *x = ts_tensor_zeros(TS_F32, SHAPE(4, 8)), *w = ts_tensor_zeros(TS_F32, SHAPE(3, 9));
+    ts_tensor *w2 = ts_tensor_zeros(TS_F32, SHAPE(3, 8)), *b = ts_tensor_zeros(TS_F32, SHAPE(4));
+    ts_tensor *wd = ts_tensor_zeros(TS_F64, SHAPE(3, 8)), *wi = ts_tensor_zeros(TS_I64, SHAPE(3, 8));
+    expect_error(ts_linear(x, w, NULL), "linear: x [4,8] does not end in the in-features of weight [3,9] ([out, in])");
+    expect_error(ts_linear(x, w2, b), "linear: bias [4] is not [3], the out-features of weight [3,8]");
+    expect_error(ts_linear(x, wd, NULL), "linear: dtypes of x f32, weight f64 differ");
+    expect_error(ts_linear(x, wi, NULL), "linear: weight has dtype i64");
+    ts_tensor *t[] = {x, w, w2, b, wd, wi};
+    release_all(6, t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_values_2d),
@@ -255,6 +353,9 @@ int main(void) {
         cmocka_unit_test(test_matmul_into),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_empty_inner_dim),
+        cmocka_unit_test(test_linear_values_and_grads),
+        cmocka_unit_test(test_linear_adds_into_grads),
+        cmocka_unit_test(test_linear_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
