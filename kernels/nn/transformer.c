@@ -33,40 +33,18 @@ static void release_all(int n, ts_tensor **t) {
 
 /* ---- attention ---- */
 
-/* q, k, v ([B, H, T, D] each) out of qkv [B, T, 3C]: one copy into a
- * contiguous [3, B, H, T, D] (one strided copy back in backward), then three
- * contiguous slabs of it. */
-static ts_status head_split(ts_tensor *qkv, int64_t H, ts_tensor **qkv_out) {
-    int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
-    ts_tensor *t[3] = {0}, *parts[3] = {0};
-    t[0] = ts_reshape(qkv, 5, (int64_t[]){B, T, 3, H, C / H});
-    t[1] = t[0] ? ts_permute(t[0], (int[]){2, 0, 3, 1, 4}) : NULL;
-    t[2] = t[1] ? ts_contiguous(t[1]) : NULL;
-    ts_status st = t[2] ? ts_split(t[2], 0, 3, NULL, parts) : ts_last_status();
-    for (int i = 0; i < 3 && !st; i++) {
-        qkv_out[i] = ts_squeeze(parts[i], 0);
-        if (!qkv_out[i]) st = ts_last_status();
-    }
-    release_all(3, t);
-    release_all(3, parts);
-    return st;
-}
-
 static ts_tensor *attention_forward(ts_module *mod, ts_tensor *x) {
     if (x->ndim != 3) {
         ts_error(TS_ERR_SHAPE, "attention %s: input %s is not [B, T, C]", mod->name, ts_shape_str(x));
         return NULL;
     }
-    int64_t H = mod->iargs[0], B = x->shape[0], T = x->shape[1], C = x->shape[2];
-    ts_tensor *t[7] = {0};
-    t[0] = ts_module_forward(mod->children[0], x); /* qkv [B, T, 3C] */
-    if (t[0] && !head_split(t[0], H, &t[1])) t[4] = ts_attention(t[1], t[2], t[3], true, 0.0); /* [B, H, T, D] */
-    if (t[4]) t[5] = ts_transpose(t[4], 1, 2);
-    if (t[5]) t[6] = ts_reshape(t[5], 3, (int64_t[]){B, T, C});
-    ts_tensor *y = t[6] ? ts_module_forward(mod->children[1], t[6]) : NULL; /* proj */
-    ts_tensor *out = y ? ts_module_forward(mod->children[2], y) : NULL;     /* dropout */
+    ts_tensor *qkv = ts_module_forward(mod->children[0], x);                          /* [B, T, 3C] */
+    ts_tensor *h = qkv ? ts_attention_qkv(qkv, mod->iargs[0], true, 0.0) : NULL;      /* [B, T, C] */
+    ts_tensor *y = h ? ts_module_forward(mod->children[1], h) : NULL;                 /* proj */
+    ts_tensor *out = y ? ts_module_forward(mod->children[2], y) : NULL;               /* dropout */
+    ts_tensor_release(qkv);
+    ts_tensor_release(h);
     ts_tensor_release(y);
-    release_all(7, t);
     return out;
 }
 

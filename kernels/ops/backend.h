@@ -186,21 +186,35 @@ typedef struct {
                       const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
 } ts_matmul_kernels;
 
-/* Problem of one attention call: BH heads of q [Tq, D], k [Tk, D], v [Tk,
- * Dv], contiguous, heads one after another; scale already resolved. */
+/* Where one operand's heads lie: head h = b H + j (batch b, head j of H)
+ * starts sb b + sh j elements past the operand's pointer, its rows sr
+ * apart, each row's elements contiguous. Dense [B, H, T, D] heads are
+ * sb = H T D, sh = T D, sr = D; a GPT's q inside its [B, T, 3 H D] qkv
+ * rows is sb = 3 T H D, sh = D, sr = 3 H D. */
 typedef struct {
-    int64_t BH, Tq, Tk, D, Dv;
+    int64_t sb, sh, sr;
+} ts_attention_layout;
+
+/* Problem of one attention call: BH = B H heads of q [Tq, D], k [Tk, D],
+ * v [Tk, Dv] and out [Tq, Dv]; scale already resolved. dq, dk, dv share
+ * the layouts of q, k, v, and dout that of out. */
+typedef struct {
+    int64_t BH, H, Tq, Tk, D, Dv;
     bool causal;
     double scale;
+    ts_attention_layout q, k, v, o;
 } ts_attention_geom;
 
 typedef struct {
-    /* out [BH, Tq, Dv] and the log-sum-exp of each score row, lse [BH, Tq] */
+    /* out and the log-sum-exp of each score row, lse [BH, Tq] (contiguous) */
     ts_status (*forward)(ts_dtype dt, const ts_attention_geom *g, const void *q, const void *k, const void *v,
                          void *out, void *lse);
-    /* dq, dk, dv (each may be NULL: not wanted) from dout */
+    /* dq, dk, dv (each may be NULL: not wanted) from dout, overwritten */
     ts_status (*backward)(ts_dtype dt, const ts_attention_geom *g, const void *q, const void *k, const void *v,
                           const void *out, const void *lse, const void *dout, void *dq, void *dk, void *dv);
+    /* whether the kernels follow the geometry's layouts; when false they
+     * take dense [B, H, T, D] heads only and ops give them nothing else */
+    bool strided;
 } ts_attention_kernels;
 
 /* ---- images: conv2d and pooling, NCHW contiguous (conv.c, pool.c) ---- */

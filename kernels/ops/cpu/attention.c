@@ -4,7 +4,10 @@
  * causal mask, O = P V; the forward keeps lse = log sum exp S per row. The
  * backward recomputes P = exp(S - lse), then with dP = dO V^T and
  * Dr = sum(dO * O) per row: dS = P (dP - Dr) scale, dV = P^T dO,
- * dQ = dS K, dK = dS^T Q.
+ * dQ = dS K, dK = dS^T Q. Heads and their rows are read and written where
+ * the geometry's layouts put them (a GPT's q, k, v inside its packed qkv
+ * rows; the output heads side by side in each token's row): the products
+ * take leading dimensions, so no head is copied out or back.
  *
  * Threads take whole heads (OpenMP over B*H); inside a head everything is
  * serial and cache-sized: query rows go in blocks of ROW_BLOCK, the
@@ -114,4 +117,4 @@ static ts_status cpu_attention_backward(ts_dtype dt, const ts_attention_geom *g,
     return TS_OK;
 }
 
-const ts_attention_kernels TS_VARIANT(ts_cpu_attention) = {cpu_attention, cpu_attention_backward};
+const ts_attention_kernels TS_VARIANT(ts_cpu_attention) = {cpu_attention, cpu_attention_backward, true};

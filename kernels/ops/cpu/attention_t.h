@@ -92,25 +92,27 @@ static void FN(mm)(int64_t M, int64_t N, int64_t K, const T *A, int64_t ars, int
     for (; i0 < M; i0++) FN(tile_rows)(1, i0, N, K, A, ars, acs, B, ldb, C, ldc, &t, pk);
 }
 
-/* dst[c, r] = src[r, c] for a rows x cols matrix, in square tiles. */
-static void FN(transpose)(const T *src, int64_t rows, int64_t cols, T *dst) {
+/* dst[c, r] = src[r, c] for a rows x cols matrix with rows lds apart, in
+ * square tiles. */
+static void FN(transpose)(const T *src, int64_t rows, int64_t cols, int64_t lds, T *dst) {
     for (int64_t r0 = 0; r0 < rows; r0 += TR_TILE)
         for (int64_t c0 = 0; c0 < cols; c0 += TR_TILE) {
             int64_t r1 = r0 + TR_TILE < rows ? r0 + TR_TILE : rows, c1 = c0 + TR_TILE < cols ? c0 + TR_TILE : cols;
             for (int64_t c = c0; c < c1; c++)
-                for (int64_t r = r0; r < r1; r++) dst[c * rows + r] = src[r * cols + c];
+                for (int64_t r = r0; r < r1; r++) dst[c * rows + r] = src[r * lds + c];
         }
 }
 
-/* out and lse of one head (q, k, v, out, lse at the head), with the
- * thread's scratch ws: K^T, then one row block of scores. */
+/* out and lse of one head (q, k, v, out, lse at the head, rows as the
+ * geometry's layouts say), with the thread's scratch ws: K^T, then one
+ * row block of scores. */
 static void FN(head_forward)(const ts_attention_geom *g, const T *q, const T *k, const T *v, T *out, T *lse, T *ws) {
-    int64_t Tq = g->Tq, Tk = g->Tk, D = g->D, Dv = g->Dv;
+    int64_t Tq = g->Tq, Tk = g->Tk, D = g->D, Dv = g->Dv, sq = g->q.sr, so = g->o.sr;
     T scale = (T)g->scale, *kt = ws, *sc = kt + D * Tk, *pk = sc + (Tq < ROW_BLOCK ? Tq : ROW_BLOCK) * Tk;
-    FN(transpose)(k, Tk, D, kt);
+    FN(transpose)(k, Tk, D, g->k.sr, kt);
     for (int64_t i0 = 0; i0 < Tq; i0 += ROW_BLOCK) {
         int64_t i1 = i0 + ROW_BLOCK < Tq ? i0 + ROW_BLOCK : Tq, n = block_width(g, i1);
-        FN(mm)(i1 - i0, n, D, q + i0 * D, D, 1, kt, Tk, sc, Tk, causal(g, TRI_COLS, i0), pk);
+        FN(mm)(i1 - i0, n, D, q + i0 * sq, sq, 1, kt, Tk, sc, Tk, causal(g, TRI_COLS, i0), pk);
         for (int64_t i = i0; i < i1; i++) {
             T *row = sc + (i - i0) * Tk;
             int64_t L = visible(g, i);
@@ -120,7 +122,7 @@ static void FN(head_forward)(const ts_attention_geom *g, const T *q, const T *k,
             for (int64_t j = L; j < n; j++) row[j] = 0;
             lse[i] = m + (T)log((double)s);
         }
-        FN(mm)(i1 - i0, Dv, n, sc, Tk, 1, v, Dv, out + i0 * Dv, Dv, causal(g, TRI_INNER_END, i0), pk);
+        FN(mm)(i1 - i0, Dv, n, sc, Tk, 1, v, g->v.sr, out + i0 * so, so, causal(g, TRI_INNER_END, i0), pk);
     }
 }
 
@@ -128,17 +130,17 @@ static void FN(head_forward)(const ts_attention_geom *g, const T *q, const T *k,
  * K^T, V^T, then the probabilities P and score gradients dS of the head. */
 static void FN(head_backward)(const ts_attention_geom *g, const T *q, const T *k, const T *v, const T *out,
                               const T *lse, const T *dout, T *dq, T *dk, T *dv, T *ws) {
-    int64_t Tq = g->Tq, Tk = g->Tk, D = g->D, Dv = g->Dv;
+    int64_t Tq = g->Tq, Tk = g->Tk, D = g->D, Dv = g->Dv, sq = g->q.sr, sk = g->k.sr, sv = g->v.sr, so = g->o.sr;
     T scale = (T)g->scale, *kt = ws, *vt = kt + D * Tk, *P = vt + Dv * Tk, *dS = P + Tq * Tk, *pk = dS + Tq * Tk;
-    FN(transpose)(k, Tk, D, kt);
-    FN(transpose)(v, Tk, Dv, vt);
+    FN(transpose)(k, Tk, D, sk, kt);
+    FN(transpose)(v, Tk, Dv, sv, vt);
     for (int64_t i0 = 0; i0 < Tq; i0 += ROW_BLOCK) {
         int64_t i1 = i0 + ROW_BLOCK < Tq ? i0 + ROW_BLOCK : Tq, n = block_width(g, i1);
-        FN(mm)(i1 - i0, n, D, q + i0 * D, D, 1, kt, Tk, P + i0 * Tk, Tk, causal(g, TRI_COLS, i0), pk);
-        FN(mm)(i1 - i0, n, Dv, dout + i0 * Dv, Dv, 1, vt, Tk, dS + i0 * Tk, Tk, causal(g, TRI_COLS, i0), pk);
+        FN(mm)(i1 - i0, n, D, q + i0 * sq, sq, 1, kt, Tk, P + i0 * Tk, Tk, causal(g, TRI_COLS, i0), pk);
+        FN(mm)(i1 - i0, n, Dv, dout + i0 * so, so, 1, vt, Tk, dS + i0 * Tk, Tk, causal(g, TRI_COLS, i0), pk);
         for (int64_t i = i0; i < i1; i++) {
             T *p = P + i * Tk, *ds = dS + i * Tk, l = lse[i], dr = 0;
-            const T *o = out + i * Dv, *go = dout + i * Dv;
+            const T *o = out + i * so, *go = dout + i * so;
             int64_t L = visible(g, i);
             SIMD(reduction(+ : dr)) for (int64_t j = 0; j < Dv; j++) dr += o[j] * go[j];
             SIMD() for (int64_t j = 0; j < L; j++) {
@@ -148,7 +150,7 @@ static void FN(head_backward)(const ts_attention_geom *g, const T *q, const T *k
             }
             for (int64_t j = L; j < Tk; j++) p[j] = ds[j] = 0;
         }
-        if (dq) FN(mm)(i1 - i0, D, n, dS + i0 * Tk, Tk, 1, k, D, dq + i0 * D, D, causal(g, TRI_INNER_END, i0), pk);
+        if (dq) FN(mm)(i1 - i0, D, n, dS + i0 * Tk, Tk, 1, k, sk, dq + i0 * sq, sq, causal(g, TRI_INNER_END, i0), pk);
     }
     /* dV = P^T dO and dK = dS^T Q, reading P and dS transposed; when causal,
      * key rows j0.. see only queries j0.., and each tile of key rows only
@@ -156,9 +158,14 @@ static void FN(head_backward)(const ts_attention_geom *g, const T *q, const T *k
     for (int64_t j0 = 0; j0 < Tk; j0 += ROW_BLOCK) {
         int64_t j1 = j0 + ROW_BLOCK < Tk ? j0 + ROW_BLOCK : Tk, ks = g->causal ? (j0 < Tq ? j0 : Tq) : 0;
         tri t = causal(g, TRI_INNER_BEGIN, j0 - ks);
-        if (dv) FN(mm)(j1 - j0, Dv, Tq - ks, P + ks * Tk + j0, 1, Tk, dout + ks * Dv, Dv, dv + j0 * Dv, Dv, t, pk);
-        if (dk) FN(mm)(j1 - j0, D, Tq - ks, dS + ks * Tk + j0, 1, Tk, q + ks * D, D, dk + j0 * D, D, t, pk);
+        if (dv) FN(mm)(j1 - j0, Dv, Tq - ks, P + ks * Tk + j0, 1, Tk, dout + ks * so, so, dv + j0 * sv, sv, t, pk);
+        if (dk) FN(mm)(j1 - j0, D, Tq - ks, dS + ks * Tk + j0, 1, Tk, q + ks * sq, sq, dk + j0 * sk, sk, t, pk);
     }
+}
+
+/* Where head h of an operand of layout l starts. */
+static inline int64_t FN(head_at)(const ts_attention_geom *g, ts_attention_layout l, int64_t h) {
+    return h / g->H * l.sb + h % g->H * l.sh;
 }
 
 /* Every head, spread over the threads, each with its slice of ws. */
@@ -166,16 +173,18 @@ static void FN(attention)(const ts_attention_geom *g, const T *q, const T *k, co
     int64_t per = scratch_per_thread(g);
 #pragma omp parallel for schedule(static) if (g->BH * g->Tq * g->Tk * g->D > TS_PAR_MIN)
     for (int64_t h = 0; h < g->BH; h++)
-        FN(head_forward)(g, q + h * g->Tq * g->D, k + h * g->Tk * g->D, v + h * g->Tk * g->Dv, out + h * g->Tq * g->Dv,
-                         lse + h * g->Tq, ws + omp_get_thread_num() * per);
+        FN(head_forward)(g, q + FN(head_at)(g, g->q, h), k + FN(head_at)(g, g->k, h), v + FN(head_at)(g, g->v, h),
+                         out + FN(head_at)(g, g->o, h), lse + h * g->Tq, ws + omp_get_thread_num() * per);
 }
 
 static void FN(attention_backward)(const ts_attention_geom *g, const T *q, const T *k, const T *v, const T *out,
                                    const T *lse, const T *dout, T *dq, T *dk, T *dv, T *ws) {
-    int64_t per = scratch_per_thread(g), nq = g->Tq * g->D, nk = g->Tk * g->D, nv = g->Tk * g->Dv;
+    int64_t per = scratch_per_thread(g);
 #pragma omp parallel for schedule(static) if (g->BH * g->Tq * g->Tk * g->D > TS_PAR_MIN)
-    for (int64_t h = 0; h < g->BH; h++)
-        FN(head_backward)(g, q + h * nq, k + h * nk, v + h * nv, out + h * g->Tq * g->Dv, lse + h * g->Tq,
-                          dout + h * g->Tq * g->Dv, dq ? dq + h * nq : NULL, dk ? dk + h * nk : NULL,
-                          dv ? dv + h * nv : NULL, ws + omp_get_thread_num() * per);
+    for (int64_t h = 0; h < g->BH; h++) {
+        int64_t oq = FN(head_at)(g, g->q, h), ok = FN(head_at)(g, g->k, h), ov = FN(head_at)(g, g->v, h),
+                oo = FN(head_at)(g, g->o, h);
+        FN(head_backward)(g, q + oq, k + ok, v + ov, out + oo, lse + h * g->Tq, dout + oo, dq ? dq + oq : NULL,
+                          dk ? dk + ok : NULL, dv ? dv + ov : NULL, ws + omp_get_thread_num() * per);
+    }
 }

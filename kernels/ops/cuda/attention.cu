@@ -277,4 +277,5 @@ static ts_status cuda_attention_backward(ts_dtype dt, const ts_attention_geom *g
                         : backward_typed<double>(g, q, k, v, out, lse, dout, dq, dk, dv);
 }
 
-extern "C" const ts_attention_kernels ts_cuda_attention = {cuda_attention_forward, cuda_attention_backward};
+/* dense heads only (strided: false): ops lay q, k, v and out out densely for these kernels */
+extern "C" const ts_attention_kernels ts_cuda_attention = {cuda_attention_forward, cuda_attention_backward, false};
