@@ -347,18 +347,20 @@ typedef struct {
     int64_t lo, n; /* elements of the working buffer */
 } span;
 
+/* Chunks in order, each with a number: for a send, the receive it
+ * forwards (-1: none); for a receive, its apply_kind. */
+typedef struct {
+    span *at;
+    int *tag;
+    int n, done, cap;    /* done: sent or received so far */
+} chunk_list;
+
 /* What one flow of an operation sends to `to` and receives from `from`. */
 typedef struct {
     int to, from;        /* ranks, -1: none */
     uint32_t flow;
     uint64_t seq;
-    span *send;
-    int *dep;            /* the receive each send forwards (-1: none) */
-    int nsend, sent;
-    span *recv;
-    apply_kind *apply;
-    int nrecv, got;
-    int cap_send, cap_recv;
+    chunk_list send, recv;
 } flow_plan;
 
 /* The k-th of parts balanced pieces of [lo, lo + n). */
@@ -374,44 +376,48 @@ static span chunk_at(span s, int64_t chunk, int k) {
     return (span){lo, s.lo + s.n - lo < chunk ? s.lo + s.n - lo : chunk};
 }
 
+/* Appends the chunks of segment s to l, chunk i numbered tag + i * step;
+ * *first (may be NULL) is the index of the first. */
+static ts_status add_chunks(chunk_list *l, span s, int64_t chunk, int tag, int step, int *first) {
+    int k = chunks_of(s, chunk);
+    void *pp[2] = {l->at, l->tag};
+    if (!grow(pp, &l->cap, l->n + k, sizeof(span), sizeof(int)))
+        return ts_error(TS_ERR_MEMORY, "ring: out of memory for a plan of %d chunks", l->n + k);
+    l->at = pp[0];
+    l->tag = pp[1];
+    if (first) *first = l->n;
+    for (int i = 0; i < k; i++) {
+        l->at[l->n] = chunk_at(s, chunk, i);
+        l->tag[l->n++] = tag + i * step;
+    }
+    return TS_OK;
+}
+
 /* Appends the chunks of segment s as sends; chunk k forwards receive
  * first_dep + k (first_dep < 0: none). */
 static ts_status plan_send(flow_plan *f, span s, int64_t chunk, int first_dep) {
-    int k = chunks_of(s, chunk);
-    void *pp[2] = {f->send, f->dep};
-    if (!grow(pp, &f->cap_send, f->nsend + k, sizeof(span), sizeof(int)))
-        return ts_error(TS_ERR_MEMORY, "ring: out of memory for a plan of %d chunks", f->nsend + k);
-    f->send = pp[0];
-    f->dep = pp[1];
-    for (int i = 0; i < k; i++) {
-        f->send[f->nsend] = chunk_at(s, chunk, i);
-        f->dep[f->nsend++] = first_dep < 0 ? -1 : first_dep + i;
-    }
-    return TS_OK;
+    return add_chunks(&f->send, s, chunk, first_dep < 0 ? -1 : first_dep, first_dep < 0 ? 0 : 1, NULL);
 }
 
 /* Appends the chunks of segment s as receives applied with how; returns
  * the index of the first in *first. */
 static ts_status plan_recv(flow_plan *f, span s, int64_t chunk, apply_kind how, int *first) {
-    int k = chunks_of(s, chunk);
-    void *pp[2] = {f->recv, f->apply};
-    if (!grow(pp, &f->cap_recv, f->nrecv + k, sizeof(span), sizeof(apply_kind)))
-        return ts_error(TS_ERR_MEMORY, "ring: out of memory for a plan of %d chunks", f->nrecv + k);
-    f->recv = pp[0];
-    f->apply = pp[1];
-    *first = f->nrecv;
-    for (int i = 0; i < k; i++) {
-        f->recv[f->nrecv] = chunk_at(s, chunk, i);
-        f->apply[f->nrecv++] = how;
-    }
-    return TS_OK;
+    return add_chunks(&f->recv, s, chunk, (int)how, 0, first);
+}
+
+/* Whether flow f has a send left whose chunk is here: one it forwards
+ * was received, or it forwards none. */
+static bool send_ready(const flow_plan *f) {
+    if (f->send.done >= f->send.n) return false;
+    int dep = f->send.tag[f->send.done];
+    return dep < 0 || dep < f->recv.done;
 }
 
 static void plan_free(flow_plan *f) {
-    free(f->send);
-    free(f->dep);
-    free(f->recv);
-    free(f->apply);
+    free(f->send.at);
+    free(f->send.tag);
+    free(f->recv.at);
+    free(f->recv.tag);
 }
 
 /* Segment s (mod N) of flow d: for flow 0 the first half of each of the
@@ -500,13 +506,19 @@ static void apply_chunk(const ts_comm_op *op, int size, char *buf, span s, apply
     if (how == APPLY_REDUCE_LAST && op->op == TS_REDUCE_AVG) ts_comm_finish_avg(dst, s.n, op->dtype, size);
 }
 
+/* Applies data as flow f's next receive. */
+static void apply_next(const ts_comm_op *op, int size, char *buf, flow_plan *f, const void *data) {
+    apply_chunk(op, size, buf, f->recv.at[f->recv.done], (apply_kind)f->recv.tag[f->recv.done], data);
+    f->recv.done++;
+}
+
 /* Whether a chunk (from, flow, seq, lo, n) is the next one flow f expects;
  * a chunk of f's stream at the wrong place is a protocol error. */
 static ts_status matches(const flow_plan *f, int32_t from, uint32_t flow, uint64_t seq, uint64_t lo, uint64_t n,
                          bool *yes) {
     *yes = false;
-    if (f->from != from || f->flow != flow || f->seq != seq || f->got >= f->nrecv) return TS_OK;
-    span want = f->recv[f->got];
+    if (f->from != from || f->flow != flow || f->seq != seq || f->recv.done >= f->recv.n) return TS_OK;
+    span want = f->recv.at[f->recv.done];
     if (lo != (uint64_t)want.lo || n != (uint64_t)want.n)
         return ts_error(TS_ERR_FORMAT, "rank %d sent elements [%llu, +%llu) where [%lld, +%lld) was due", from,
                         (unsigned long long)lo, (unsigned long long)n, (long long)want.lo, (long long)want.n);
@@ -575,8 +587,7 @@ static ts_status take(ts_comm *c, ring *rg, const ts_comm_op *op, flow_plan *fl,
         if (m->dtype != wire_dtype(op->dtype) || m->payload[0].size != n * ts_dtype_size(op->dtype))
             return ts_error(TS_ERR_FORMAT, "rank %d sent %zu bytes of dtype %u for %llu elements of %s", m->rank,
                             m->payload[0].size, m->dtype, (unsigned long long)n, ts_dtype_name(op->dtype));
-        apply_chunk(op, rg->size, buf, f->recv[f->got], f->apply[f->got], m->payload[0].data);
-        f->got++;
+        apply_next(op, rg->size, buf, f, m->payload[0].data);
         *applied = true;
         return TS_OK;
     }
@@ -598,8 +609,7 @@ static ts_status take_kept(ring *rg, uint64_t generation, const ts_comm_op *op, 
             if (x->size != x->n * ts_dtype_size(op->dtype))
                 return ts_error(TS_ERR_FORMAT, "rank %d sent %zu bytes for %llu elements of %s", x->from, x->size,
                                 (unsigned long long)x->n, ts_dtype_name(op->dtype));
-            apply_chunk(op, rg->size, buf, fl[i].recv[fl[i].got], fl[i].apply[fl[i].got], x->data);
-            fl[i].got++;
+            apply_next(op, rg->size, buf, &fl[i], x->data);
             *p = x->next;
             rg->port->stash_bytes -= x->size;
             free(x->data);
@@ -614,9 +624,9 @@ static ts_status take_kept(ring *rg, uint64_t generation, const ts_comm_op *op, 
 /* The peer an unfinished plan waits for (for messages). */
 static int waiting_for(const flow_plan *fl, int nflows) {
     for (int i = 0; i < nflows; i++)
-        if (fl[i].got < fl[i].nrecv) return fl[i].from;
+        if (fl[i].recv.done < fl[i].recv.n) return fl[i].from;
     for (int i = 0; i < nflows; i++)
-        if (fl[i].sent < fl[i].nsend) return fl[i].to;
+        if (fl[i].send.done < fl[i].send.n) return fl[i].to;
     return -1;
 }
 
@@ -643,7 +653,7 @@ static ts_status check_gone(ts_comm *c, const ring *rg, const flow_plan *fl, int
     double now = ts_clock_ms();
     for (int i = 0; i < nflows; i++) {
         const flow_plan *f = &fl[i];
-        int peers[2] = {f->sent < f->nsend ? f->to : -1, f->got < f->nrecv ? f->from : -1};
+        int peers[2] = {f->send.done < f->send.n ? f->to : -1, f->recv.done < f->recv.n ? f->from : -1};
         for (int k = 0; k < 2; k++)
             if (peers[k] >= 0 && rg->to[peers[k]] && rg->to[peers[k]]->gone &&
                 now - rg->to[peers[k]]->gone > GONE_GRACE_MS)
@@ -678,7 +688,7 @@ static int watch_peers(const ring *rg, const flow_plan *fl, int nflows, zmq_poll
 /* Whether every flow of a plan received all it expects. */
 static bool all_received(const flow_plan *fl, int nflows) {
     for (int i = 0; i < nflows; i++)
-        if (fl[i].got < fl[i].nrecv) return false;
+        if (fl[i].recv.done < fl[i].recv.n) return false;
     return true;
 }
 
@@ -702,19 +712,19 @@ static ts_status run_plan(ts_comm *c, ring *rg, const ts_comm_op *op, flow_plan 
         if (reading) items[nitems++] = (zmq_pollitem_t){rg->port->in, 0, ZMQ_POLLIN, 0};
         for (int i = 0; !st && i < nflows; i++) {
             flow_plan *f = &fl[i];
-            while (!st && f->sent < f->nsend && (f->dep[f->sent] < 0 || f->dep[f->sent] < f->got)) {
-                st = send_chunk(c, rg, op, f, f->send[f->sent], buf, esize);
+            while (!st && send_ready(f)) {
+                st = send_chunk(c, rg, op, f, f->send.at[f->send.done], buf, esize);
                 if (st == TS_ERR_TIMEOUT) { /* queue full: wait until it drains */
                     st = TS_OK;
                     items[nitems++] = (zmq_pollitem_t){rg->to[f->to]->out, 0, ZMQ_POLLOUT, 0};
                     break;
                 }
                 if (!st) {
-                    f->sent++;
+                    f->send.done++;
                     progress = true;
                 }
             }
-            done = done && f->sent == f->nsend && f->got == f->nrecv;
+            done = done && f->send.done == f->send.n && f->recv.done == f->recv.n;
         }
         if (st || done) break;
         bool kept;
