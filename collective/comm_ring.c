@@ -785,14 +785,20 @@ static ts_status run_plan(ts_comm *c, ring *rg, const ts_comm_op *op, flow_plan 
 /* Element count of a chunk for dtype. */
 static int64_t chunk_elems(ts_dtype dt) { return (int64_t)(TS_RING_CHUNK_BYTES / ts_dtype_size(dt)); }
 
+/* The two flows of a ring collective, empty: towards the next rank and
+ * towards the previous one. */
+static void two_flows(const ring *rg, flow_plan fl[2]) {
+    int r = rg->rank, n = rg->size;
+    fl[0] = (flow_plan){.to = (r + 1) % n, .from = (r + n - 1) % n, .flow = FLOW_NEXT, .seq = rg->coll_seq};
+    fl[1] = (flow_plan){.to = (r + n - 1) % n, .from = (r + 1) % n, .flow = FLOW_PREV, .seq = rg->coll_seq};
+}
+
 /* The two ring flows of a collective over layout l in buf. */
 static ts_status run_rings(ts_comm *c, ring *rg, const ts_comm_op *op, const layout *l, bool rs, bool ag,
                            char *buf) {
-    int r = rg->rank, n = rg->size;
+    int r = rg->rank;
     flow_plan fl[2];
-    memset(fl, 0, sizeof fl);
-    fl[0] = (flow_plan){.to = (r + 1) % n, .from = (r + n - 1) % n, .flow = FLOW_NEXT, .seq = rg->coll_seq};
-    fl[1] = (flow_plan){.to = (r + n - 1) % n, .from = (r + 1) % n, .flow = FLOW_PREV, .seq = rg->coll_seq};
+    two_flows(rg, fl);
     ts_status st = TS_OK;
     for (int d = 0; !st && d < 2; d++) st = plan_ring(&fl[d], l, r, d, rs, ag, chunk_elems(op->dtype));
     if (!st) st = run_plan(c, rg, op, fl, 2, buf);
@@ -833,11 +839,9 @@ static ts_status run_allgather(ts_comm *c, ring *rg, const ts_comm_op *op) {
 }
 
 static ts_status run_broadcast(ts_comm *c, ring *rg, const ts_comm_op *op) {
-    int r = rg->rank, n = rg->size;
+    int r = rg->rank;
     flow_plan fl[2];
-    memset(fl, 0, sizeof fl);
-    fl[0] = (flow_plan){.to = (r + 1) % n, .from = (r + n - 1) % n, .flow = FLOW_NEXT, .seq = rg->coll_seq};
-    fl[1] = (flow_plan){.to = (r + n - 1) % n, .from = (r + 1) % n, .flow = FLOW_PREV, .seq = rg->coll_seq};
+    two_flows(rg, fl);
     ts_status st = TS_OK;
     for (int d = 0; !st && d < 2; d++)
         st = plan_broadcast(&fl[d], piece(0, op->count, 2, d), r, op->peer, chunk_elems(op->dtype));
