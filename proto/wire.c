@@ -36,6 +36,16 @@ const char *ts_proto_type_name(uint32_t t) {
     }
 }
 
+const uint32_t ts_proto_types[] = {
+    TS_MSG_JOIN, TS_MSG_JOIN_ACK, TS_MSG_HEARTBEAT, TS_MSG_MEMBERSHIP, TS_MSG_BARRIER,
+    TS_MSG_BARRIER_RELEASE, TS_MSG_STEP_DONE, TS_MSG_ERROR, TS_MSG_SHUTDOWN, TS_MSG_STATUS,
+    TS_MSG_STATUS_REPLY, TS_MSG_BLOB_PUT, TS_MSG_BLOB_GET, TS_MSG_BLOB_REPLY, TS_MSG_PUSH,
+    TS_MSG_PULL, TS_MSG_PULL_REPLY, TS_MSG_COLLECTIVE, TS_MSG_ACK, TS_MSG_COMMIT,
+    TS_MSG_COMMIT_REPLY, TS_MSG_APPLY, TS_MSG_REDUCE, TS_MSG_REDUCE_REPLY, TS_MSG_ROLLBACK,
+    TS_MSG_SNAPSHOT,
+};
+const size_t ts_proto_ntypes = sizeof ts_proto_types / sizeof ts_proto_types[0];
+
 bool ts_proto_type_known(uint32_t t) { return strcmp(ts_proto_type_name(t), "unknown") != 0; }
 
 const char *ts_proto_error_name(uint32_t e) {

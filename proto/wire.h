@@ -296,6 +296,10 @@ ts_status ts_proto_error_status(ts_proto_error e);
 /* True for types that ts_proto_decode accepts. */
 bool ts_proto_type_known(uint32_t t);
 
+/* Every message type, in number order (for tests and the fuzz corpus). */
+extern const uint32_t ts_proto_types[];
+extern const size_t ts_proto_ntypes;
+
 /* Fills *lim with the defaults above, no model size, generation or job. */
 void ts_proto_limits_default(ts_proto_limits *lim);
 

@@ -6,14 +6,6 @@
 
 #include "frames.h"
 
-static const uint32_t TYPES[] = {
-    TS_MSG_JOIN, TS_MSG_JOIN_ACK, TS_MSG_HEARTBEAT, TS_MSG_MEMBERSHIP, TS_MSG_BARRIER,
-    TS_MSG_BARRIER_RELEASE, TS_MSG_STEP_DONE, TS_MSG_ERROR, TS_MSG_SHUTDOWN, TS_MSG_STATUS,
-    TS_MSG_STATUS_REPLY, TS_MSG_BLOB_PUT, TS_MSG_BLOB_GET, TS_MSG_BLOB_REPLY, TS_MSG_PUSH,
-    TS_MSG_PULL, TS_MSG_PULL_REPLY, TS_MSG_COLLECTIVE, TS_MSG_ACK, TS_MSG_COMMIT,
-    TS_MSG_COMMIT_REPLY, TS_MSG_APPLY, TS_MSG_REDUCE, TS_MSG_REDUCE_REPLY, TS_MSG_ROLLBACK,
-    TS_MSG_SNAPSHOT,
-};
 
 /* Fills m (type t) with valid values; returns the payload frame count and
  * sizes in lens. */
@@ -85,10 +77,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     unsigned char zeros[64] = {0};
-    for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++) {
+    for (size_t i = 0; i < ts_proto_ntypes; i++) {
         ts_proto_msg m;
         uint64_t lens[2];
-        size_t np = fill(&m, TYPES[i], lens);
+        size_t np = fill(&m, ts_proto_types[i], lens);
         m.lengths = malloc(sizeof lens);
         memcpy(m.lengths, lens, sizeof lens);
         m.nlengths = np;
@@ -99,7 +91,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         char path[512];
-        snprintf(path, sizeof path, "%s/%s.bin", argv[1], ts_proto_type_name(TYPES[i]));
+        snprintf(path, sizeof path, "%s/%s.bin", argv[1], ts_proto_type_name(ts_proto_types[i]));
         FILE *f = fopen(path, "wb");
         if (!f) {
             perror(path);

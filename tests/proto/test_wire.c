@@ -18,15 +18,6 @@
 #include "proto/fuzz/frames.h"
 #include "proto/wire.h"
 
-static const uint32_t ALL_TYPES[] = {
-    TS_MSG_JOIN, TS_MSG_JOIN_ACK, TS_MSG_HEARTBEAT, TS_MSG_MEMBERSHIP, TS_MSG_BARRIER,
-    TS_MSG_BARRIER_RELEASE, TS_MSG_STEP_DONE, TS_MSG_ERROR, TS_MSG_SHUTDOWN, TS_MSG_STATUS,
-    TS_MSG_STATUS_REPLY, TS_MSG_BLOB_PUT, TS_MSG_BLOB_GET, TS_MSG_BLOB_REPLY, TS_MSG_PUSH,
-    TS_MSG_PULL, TS_MSG_PULL_REPLY, TS_MSG_COLLECTIVE, TS_MSG_ACK, TS_MSG_COMMIT,
-    TS_MSG_COMMIT_REPLY, TS_MSG_APPLY, TS_MSG_REDUCE, TS_MSG_REDUCE_REPLY, TS_MSG_ROLLBACK,
-    TS_MSG_SNAPSHOT,
-};
-#define NTYPES (sizeof ALL_TYPES / sizeof ALL_TYPES[0])
 
 /* Fills m with distinctive values in every field type t uses. */
 static void sample(ts_proto_msg *m, uint32_t t) {
@@ -227,21 +218,21 @@ static void test_round_trip_every_type(void **state) {
     lim.model_size = 12;
     lim.generation = 3;
     lim.job = "job-7";
-    for (size_t i = 0; i < NTYPES; i++) {
+    for (size_t i = 0; i < ts_proto_ntypes; i++) {
         ts_proto_msg m, d;
         ts_proto_frame pay[2], fr[3];
-        sample(&m, ALL_TYPES[i]);
-        size_t np = sample_payload(ALL_TYPES[i], pay, data);
+        sample(&m, ts_proto_types[i]);
+        size_t np = sample_payload(ts_proto_types[i], pay, data);
         size_t nf = encode_frames(&m, pay, np, fr);
         ts_proto_error e = ts_proto_decode(fr, nf, &lim, &d);
-        if (e) fail_msg("%s: %s", ts_proto_type_name(ALL_TYPES[i]), ts_last_error());
+        if (e) fail_msg("%s: %s", ts_proto_type_name(ts_proto_types[i]), ts_last_error());
         assert_same(&m, &d);
         assert_int_equal(d.nlengths, np);
         for (size_t k = 0; k < np; k++) {
             assert_ptr_equal(d.payload[k].data, pay[k].data);
             assert_int_equal(d.payload[k].size, pay[k].size);
         }
-        assert_string_not_equal(ts_proto_type_name(ALL_TYPES[i]), "unknown");
+        assert_string_not_equal(ts_proto_type_name(ts_proto_types[i]), "unknown");
         free((void *)fr[0].data);
         ts_proto_msg_free(&m);
         ts_proto_msg_free(&d);
@@ -817,7 +808,7 @@ static void test_fuzz_seeds_are_valid(void **state) {
         seen++;
     }
     closedir(d);
-    assert_int_equal(seen, (int)NTYPES);
+    assert_int_equal(seen, (int)ts_proto_ntypes);
 }
 
 int main(void) {
