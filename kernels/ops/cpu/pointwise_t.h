@@ -80,11 +80,12 @@ static void FN(binary)(ts_binary_kind kind, const ts_binary_plan *pl) {
 
 /* ---- maps ---- */
 
-/* e^x for the gelu: the vectorisable ts_expf_fast for float, libm for
- * double. tanh u = 1 - 2 / (1 + e^(2u)) is far cheaper than libm's tanh
- * and saturates cleanly to +-1. */
-static inline T FN(gelu_tanh)(T x) {
-    return (T)1 - (T)2 / ((T)1 + EXP((T)(2 * GELU_K) * (x + (T)GELU_A * x * x * x)));
+/* d = 1 + e^(-2u) for the gelu, u = k (x + a x^3), e^ the vectorisable
+ * ts_expf_fast for float, libm for double: (1 + tanh u) / 2 = 1 / d, so
+ * y = x / d, with no tanh and no cancellation for negative x (d goes to
+ * +inf and y to -0 there, to 1 and x for large x). */
+static inline T FN(gelu_den)(T x) {
+    return (T)1 + EXP(x * ((T)(-2 * GELU_K) + (T)(-2 * GELU_K * GELU_A) * x * x));
 }
 
 /* y = f(x; p) over [lo, hi) of a map_args. */
@@ -103,7 +104,7 @@ static void FN(map_range)(const void *ctx, int64_t lo, int64_t hi) {
     case TS_MAP_ABS: SIMD() for (int64_t i = lo; i < hi; i++) y[i] = fabs(x[i]); break;
     case TS_MAP_RELU: SIMD() for (int64_t i = lo; i < hi; i++) y[i] = x[i] > 0 ? x[i] : (T)0; break;
     case TS_MAP_GELU:
-        SIMD() for (int64_t i = lo; i < hi; i++) y[i] = (T)0.5 * x[i] * ((T)1 + FN(gelu_tanh)(x[i]));
+        SIMD() for (int64_t i = lo; i < hi; i++) y[i] = x[i] / FN(gelu_den)(x[i]);
         break;
     case TS_MAP_SIGMOID: /* exp of -|x| only, so neither branch overflows */
         for (int64_t i = lo; i < hi; i++)
@@ -130,11 +131,10 @@ static void FN(map_backward_range)(const void *ctx, int64_t lo, int64_t hi) {
     case TS_MAP_ABS: SIMD() for (int64_t i = lo; i < hi; i++) gx[i] = x[i] > 0 ? g[i] : x[i] < 0 ? -g[i] : (T)0; break;
     /* y > 0 exactly where x > 0 (NaN gives 0 either way) */
     case TS_MAP_RELU: SIMD() for (int64_t i = lo; i < hi; i++) gx[i] = y[i] > 0 ? g[i] : (T)0; break;
-    case TS_MAP_GELU: /* (1 + t) / 2 + x (1 - t^2) k (1 + 3 a x^2) / 2 */
+    case TS_MAP_GELU: /* s (1 + 2 x (1 - s) k (1 + 3 a x^2)), s = (1 + tanh u) / 2 */
         SIMD() for (int64_t i = lo; i < hi; i++) {
-            T t = FN(gelu_tanh)(x[i]);
-            gx[i] = g[i] * ((T)0.5 * ((T)1 + t) +
-                            (T)0.5 * x[i] * ((T)1 - t * t) * (T)GELU_K * ((T)1 + (T)(3 * GELU_A) * x[i] * x[i]));
+            T s = (T)1 / FN(gelu_den)(x[i]);
+            gx[i] = g[i] * (s * ((T)1 + x[i] * ((T)1 - s) * (T)(2 * GELU_K) * ((T)1 + (T)(3 * GELU_A) * x[i] * x[i])));
         }
         break;
     case TS_MAP_SIGMOID: SIMD() for (int64_t i = lo; i < hi; i++) gx[i] = g[i] * y[i] * ((T)1 - y[i]); break;
