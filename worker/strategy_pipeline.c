@@ -13,7 +13,9 @@
  * inputs, the last stage their targets. Activations go forward and their
  * gradients backward between neighbouring stages over the replica's
  * communicator (send/recv, in order per pair; the ring over ZeroMQ, or MPI
- * under mpirun): a forward's output is sent
+ * under mpirun): a forward's output is sent (its shape first for the
+ * step's first micro-batch only: every micro-batch of a step has its rows
+ * and shape, so the next stage expects it and a hand-off is one message)
  * while the stage goes on with its next operation, and what a neighbour
  * sends is received by the port's I/O thread while the stage computes. The
  * order of a stage's forwards and backwards is parallel.schedule's (gpipe
@@ -76,7 +78,7 @@ typedef struct {
     ts_tensor *in;          /* stage > 0: the activation received (a leaf) */
     ts_tensor *out;         /* the output, graph kept for backward; the last
                              * stage: the loss scaled by 1/M */
-    int64_t header[HEADER]; /* the header of the output sent on */
+    int64_t header[HEADER]; /* the shape of the output sent on */
     ts_comm_req *sent[3];   /* header and output sent on, gradient sent back */
 } micro;
 
@@ -92,6 +94,8 @@ typedef struct {
     ts_strategy base;
     int P, D, stage, replica, M;
     int *cut;                  /* first unit of each stage, then the unit count */
+    int64_t shape_out[HEADER]; /* the last activation header sent ... */
+    int64_t shape_in[HEADER];  /* ... and received: the step's shape */
     ts_ring_port *pipe_port;   /* the replica's pipeline communicator's port */
     ts_ring_port *dp_port;     /* the stage's replicas' port (D > 1) */
     void *mpi_world;           /* under mpirun: the workers' MPI_Comm *, else NULL */
@@ -224,35 +228,52 @@ static ts_status settle(pipe_strategy *p, ts_comm *c, ts_comm_req **req, const c
 
 /* ---- activations between stages ---- */
 
-/* Starts sending activation y (contiguous f32) to the next stage: its
- * header, then its data; u keeps the header and the requests. */
-static ts_status send_activation(pipe_strategy *p, micro *u, ts_tensor *y) {
+/* Starts sending activation y (contiguous f32) to the next stage: with
+ * header, its shape first, else only its data, whose shape must be that of
+ * the last header sent (every micro-batch of a step has the rows and the
+ * shape of the first: the next stage expects it); u keeps the header and
+ * the requests. */
+static ts_status send_activation(pipe_strategy *p, micro *u, ts_tensor *y, bool header) {
     u->header[0] = y->ndim;
     for (int d = 0; d < TS_MAX_DIMS; d++) u->header[1 + d] = d < y->ndim ? y->shape[d] : 0;
-    ts_status st = start_pair(p, p->pipe, TS_COMM_SEND, u->header, HEADER, TS_I64, p->stage + 1, &u->sent[0]);
+    ts_status st = TS_OK;
+    if (header) {
+        memcpy(p->shape_out, u->header, sizeof p->shape_out);
+        st = start_pair(p, p->pipe, TS_COMM_SEND, u->header, HEADER, TS_I64, p->stage + 1, &u->sent[0]);
+    } else if (memcmp(p->shape_out, u->header, sizeof p->shape_out) != 0) {
+        return ts_error(TS_ERR_SHAPE, "the stage's output is %s, but the step's first micro-batch gave %s: every "
+                        "micro-batch of a step must give the same shape", ts_shape_str(y),
+                        ts_dims_str((int)p->shape_out[0], p->shape_out + 1));
+    }
     if (!st) st = start_pair(p, p->pipe, TS_COMM_SEND, ts_f32(y), ts_tensor_numel(y), TS_F32, p->stage + 1, &u->sent[1]);
     return st;
 }
 
-/* Receives the previous stage's activation: a new f32 tensor checked
- * against its header's limits. */
-static ts_status recv_activation(pipe_strategy *p, ts_tensor **x) {
-    int64_t h[HEADER];
-    ts_status st = recv_from(p, p->pipe, h, HEADER, TS_I64, p->stage - 1, "activation header");
-    if (st) return st;
+/* Receives the previous stage's activation: a new f32 tensor shaped by the
+ * header received first (checked against its limits) or, without header,
+ * by the last one received (send_activation's rule). */
+static ts_status recv_activation(pipe_strategy *p, ts_tensor **x, bool header) {
+    int64_t *h = p->shape_in;
+    if (header) {
+        ts_status st = recv_from(p, p->pipe, h, HEADER, TS_I64, p->stage - 1, "activation header");
+        if (st) return st;
+    }
     int64_t numel = 1;
     bool ok = h[0] >= 1 && h[0] <= TS_MAX_DIMS;
     for (int d = 0; ok && d < h[0]; d++) {
         ok = h[1 + d] >= 1 && h[1 + d] <= MAX_ACTIVATION / numel;
         if (ok) numel *= h[1 + d];
     }
-    if (!ok)
-        return ts_error(TS_ERR_FORMAT, "stage %d sent an activation header of %lld dimensions [%lld, %lld, ...]; "
-                        "at most %d dimensions of %lld elements in all", p->stage - 1, (long long)h[0],
-                        (long long)h[1], (long long)h[2], TS_MAX_DIMS, (long long)MAX_ACTIVATION);
+    if (!ok) {
+        ts_error(TS_ERR_FORMAT, "stage %d sent an activation header of %lld dimensions [%lld, %lld, ...]; at most %d "
+                 "dimensions of %lld elements in all", p->stage - 1, (long long)h[0], (long long)h[1], (long long)h[2],
+                 TS_MAX_DIMS, (long long)MAX_ACTIVATION);
+        h[0] = 0; /* no shape to expect until a good header came */
+        return ts_last_status();
+    }
     *x = ts_tensor_empty(TS_F32, (int)h[0], h + 1);
     if (!*x) return ts_last_status();
-    st = recv_from(p, p->pipe, ts_f32(*x), numel, TS_F32, p->stage - 1, "activation");
+    ts_status st = recv_from(p, p->pipe, ts_f32(*x), numel, TS_F32, p->stage - 1, "activation");
     if (st) {
         ts_tensor_release(*x);
         *x = NULL;
@@ -310,7 +331,7 @@ static ts_status forward_micro(pipe_strategy *p, int m) {
         x = first_input(p, m);
         if (!x) return ts_last_status();
     } else {
-        if ((st = recv_activation(p, &u->in))) return st;
+        if ((st = recv_activation(p, &u->in, m == 0))) return st;
         if ((st = ts_set_requires_grad(u->in, true))) return st;
         x = ts_tensor_retain(u->in);
     }
@@ -330,7 +351,7 @@ static ts_status forward_micro(pipe_strategy *p, int m) {
     u->out = y;
     note(p, 'F', m, t0);
     if (!ts_tensor_is_contiguous(y)) return ts_error(TS_ERR_STATE, "the stage's output is not contiguous");
-    return send_activation(p, u, y);
+    return send_activation(p, u, y, m == 0);
 }
 
 /* Backward of micro-batch m: receive the gradient of the output (unless
@@ -767,7 +788,7 @@ static ts_status pipe_forward(ts_strategy *s, ts_tensor *x, ts_tensor **out) {
     p->at_what = "evaluation";
     p->at_micro = -1;
     *out = NULL;
-    ts_status st = p->stage == 0 ? TS_OK : recv_activation(p, &in);
+    ts_status st = p->stage == 0 ? TS_OK : recv_activation(p, &in, true);
     if (!st && !(y = ts_model_forward(s->trainer->model, p->stage == 0 ? x : in))) st = ts_last_status();
     ts_tensor_release(in);
     if (!st && p->stage == p->P - 1) {
@@ -775,7 +796,7 @@ static ts_status pipe_forward(ts_strategy *s, ts_tensor *x, ts_tensor **out) {
         return TS_OK;
     }
     micro u = {0};
-    if (!st) st = send_activation(p, &u, y);
+    if (!st) st = send_activation(p, &u, y, true);
     if (!st) st = settle(p, p->pipe, &u.sent[0], "activation header", p->stage + 1);
     if (!st) st = settle(p, p->pipe, &u.sent[1], "activation", p->stage + 1);
     ts_tensor_release(y);
