@@ -209,6 +209,57 @@ static void test_sync_step_is_the_local_update(void **state) {
     ts_shard_free(s);
 }
 
+/* Without clipping a sync step is applied as it is decided: a pull sent
+ * with the commit is answered right after the commit replies, with the
+ * local run's update; an APPLY after it is a repeat. */
+static void test_sync_without_clipping_applies_at_decision(void **state) {
+    (void)state;
+    ts_shard *s = make_shard("sync", 0, NULL);
+    int64_t off, len;
+    ts_shard_range(s, &off, &len);
+    float *g2 = gradient(2), *g3 = gradient(3);
+    /* a learning rate that is not finite is refused before it is staged */
+    push(s, 2, 1, 1, off, len, g2 + off);
+    values(s, TS_MSG_COMMIT, 2, 1, 1, (double[TS_COMMIT_VALUES]){1, 4, 0, NAN, 0, 4}, TS_COMMIT_VALUES);
+    assert_int_equal(nreplies, 1);
+    assert_int_equal(replies[0].code, TS_PROTO_E_FIELD_VALUE);
+    forget_replies();
+    commit(s, 2, 1, 1, 8.0);
+    pull(s, 1, off, len);
+    assert_int_equal(nreplies, 0); /* undecided until worker 3 commits */
+    push(s, 3, 1, 1, off, len, g3 + off);
+    commit(s, 3, 1, 1, 4.0);
+    assert_int_equal(nreplies, 3);
+    assert_int_equal(replies[0].type, TS_MSG_COMMIT_REPLY);
+    assert_int_equal(replies[1].type, TS_MSG_COMMIT_REPLY);
+    assert_int_equal(replies[2].type, TS_MSG_PULL_REPLY);
+    assert_int_equal(replies[2].step, 1);
+    assert_int_equal(ts_shard_step(s), 1);
+    /* the local run's step on the averaged gradient */
+    float *avg = malloc((size_t)model->numel * sizeof *avg);
+    for (int64_t i = 0; i < model->numel; i++) avg[i] = g2[i] + g3[i];
+    ts_clip_scale(avg, model->numel, 0.5f);
+    ts_optim_config oc;
+    ts_optim_groups groups;
+    assert_int_equal(ts_job_optim_config(&job, &oc), TS_OK);
+    assert_int_equal(ts_job_optim_groups(model, &groups), TS_OK);
+    assert_int_equal(ts_model_alloc_state(model, ts_optim_state_slots(&oc)), TS_OK);
+    assert_int_equal(ts_optim_step_flat(&oc, 1, 0.01, &groups, ts_f32(model->flat_params), avg, model->state,
+                                        model->numel, 0, model->numel),
+                     TS_OK);
+    assert_int_equal(replies[2].nfloats, (size_t)len);
+    assert_memory_equal(replies[2].data, ts_f32(model->flat_params) + off, (size_t)len * 4);
+    double sq = 1;
+    values(s, TS_MSG_APPLY, 2, 1, 1, &sq, 1);
+    assert_int_equal(nreplies, 3);
+    assert_int_equal(ts_shard_step(s), 1);
+    assert_int_equal(ts_shard_refused(s), 1);
+    ts_optim_groups_free(&groups);
+    free(g2), free(g3), free(avg);
+    forget_replies();
+    ts_shard_free(s);
+}
+
 static void test_changed_workers_redo_the_step(void **state) {
     (void)state;
     ts_shard *s = make_shard("sync", 0, NULL);
@@ -464,6 +515,7 @@ static void test_spare_takes_the_state(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sync_step_is_the_local_update),
+        cmocka_unit_test(test_sync_without_clipping_applies_at_decision),
         cmocka_unit_test(test_changed_workers_redo_the_step),
         cmocka_unit_test(test_restart_behind_and_rollback),
         cmocka_unit_test(test_async_applies_each_commit),
