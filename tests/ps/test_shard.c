@@ -146,6 +146,32 @@ static float *gradient(int worker) {
     return g;
 }
 
+/* The average of two workers' gradients as the shard makes it: rank
+ * order, then 1/2. */
+static float *average(const float *a, const float *b) {
+    float *avg = malloc((size_t)model->numel * sizeof *avg);
+    for (int64_t i = 0; i < model->numel; i++) avg[i] = a[i] + b[i];
+    ts_clip_scale(avg, model->numel, 0.5f);
+    return avg;
+}
+
+/* The local run's first step of the whole model on gradient g (lr 0.01),
+ * and that the pull reply r carries its keys [off, off + len). */
+static void assert_local_step(const reply_rec *r, float *g, int64_t off, int64_t len) {
+    ts_optim_config oc;
+    ts_optim_groups groups;
+    assert_int_equal(ts_job_optim_config(&job, &oc), TS_OK);
+    assert_int_equal(ts_job_optim_groups(model, &groups), TS_OK);
+    assert_int_equal(ts_model_alloc_state(model, ts_optim_state_slots(&oc)), TS_OK);
+    assert_int_equal(ts_optim_step_flat(&oc, 1, 0.01, &groups, ts_f32(model->flat_params), g, model->state,
+                                        model->numel, 0, model->numel),
+                     TS_OK);
+    ts_optim_groups_free(&groups);
+    assert_int_equal(r->type, TS_MSG_PULL_REPLY);
+    assert_int_equal(r->nfloats, (size_t)len);
+    assert_memory_equal(r->data, ts_f32(model->flat_params) + off, (size_t)len * 4);
+}
+
 /* ---- tests ---- */
 
 static void test_sync_step_is_the_local_update(void **state) {
@@ -164,10 +190,7 @@ static void test_sync_step_is_the_local_update(void **state) {
     assert_int_equal(nreplies, 0); /* undecided until worker 3 commits */
     commit(s, 3, 1, 1, 4.0);
     assert_int_equal(nreplies, 2);
-    /* the averaged gradient as the shard makes it: rank order, then 1/2 */
-    float *avg = malloc((size_t)model->numel * sizeof *avg);
-    for (int64_t i = 0; i < model->numel; i++) avg[i] = g2[i] + g3[i];
-    ts_clip_scale(avg, model->numel, 0.5f);
+    float *avg = average(g2, g3);
     double sq = ts_clip_sq_norm(avg + off, len);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(replies[i].type, TS_MSG_COMMIT_REPLY);
@@ -185,17 +208,8 @@ static void test_sync_step_is_the_local_update(void **state) {
     assert_int_equal(replies[2].type, TS_MSG_PULL_REPLY);
     assert_int_equal(replies[2].step, 1);
     /* the local run: clip the whole gradient by the global norm and step */
-    ts_optim_config oc;
-    ts_optim_groups groups;
-    assert_int_equal(ts_job_optim_config(&job, &oc), TS_OK);
-    assert_int_equal(ts_job_optim_groups(model, &groups), TS_OK);
-    assert_int_equal(ts_model_alloc_state(model, ts_optim_state_slots(&oc)), TS_OK);
     ts_clip_scale(avg, model->numel, (float)ts_clip_coef(sqrt(total), 0.5));
-    assert_int_equal(ts_optim_step_flat(&oc, 1, 0.01, &groups, ts_f32(model->flat_params), avg, model->state,
-                                        model->numel, 0, model->numel),
-                     TS_OK);
-    assert_int_equal(replies[2].nfloats, (size_t)len);
-    assert_memory_equal(replies[2].data, ts_f32(model->flat_params) + off, (size_t)len * 4);
+    assert_local_step(&replies[2], avg, off, len);
     /* a repeated commit of the applied step is answered again; a repeated apply is ignored */
     commit(s, 3, 1, 1, 4.0);
     assert_int_equal(replies[3].type, TS_MSG_COMMIT_REPLY);
@@ -203,7 +217,6 @@ static void test_sync_step_is_the_local_update(void **state) {
     assert_int_equal(nreplies, 4);
     assert_int_equal(ts_shard_step(s), 1);
     assert_int_equal(ts_shard_refused(s), 0);
-    ts_optim_groups_free(&groups);
     free(g2), free(g3), free(avg);
     forget_replies();
     ts_shard_free(s);
@@ -232,29 +245,16 @@ static void test_sync_without_clipping_applies_at_decision(void **state) {
     assert_int_equal(nreplies, 3);
     assert_int_equal(replies[0].type, TS_MSG_COMMIT_REPLY);
     assert_int_equal(replies[1].type, TS_MSG_COMMIT_REPLY);
-    assert_int_equal(replies[2].type, TS_MSG_PULL_REPLY);
     assert_int_equal(replies[2].step, 1);
     assert_int_equal(ts_shard_step(s), 1);
     /* the local run's step on the averaged gradient */
-    float *avg = malloc((size_t)model->numel * sizeof *avg);
-    for (int64_t i = 0; i < model->numel; i++) avg[i] = g2[i] + g3[i];
-    ts_clip_scale(avg, model->numel, 0.5f);
-    ts_optim_config oc;
-    ts_optim_groups groups;
-    assert_int_equal(ts_job_optim_config(&job, &oc), TS_OK);
-    assert_int_equal(ts_job_optim_groups(model, &groups), TS_OK);
-    assert_int_equal(ts_model_alloc_state(model, ts_optim_state_slots(&oc)), TS_OK);
-    assert_int_equal(ts_optim_step_flat(&oc, 1, 0.01, &groups, ts_f32(model->flat_params), avg, model->state,
-                                        model->numel, 0, model->numel),
-                     TS_OK);
-    assert_int_equal(replies[2].nfloats, (size_t)len);
-    assert_memory_equal(replies[2].data, ts_f32(model->flat_params) + off, (size_t)len * 4);
+    float *avg = average(g2, g3);
+    assert_local_step(&replies[2], avg, off, len);
     double sq = 1;
     values(s, TS_MSG_APPLY, 2, 1, 1, &sq, 1);
     assert_int_equal(nreplies, 3);
     assert_int_equal(ts_shard_step(s), 1);
     assert_int_equal(ts_shard_refused(s), 1);
-    ts_optim_groups_free(&groups);
     free(g2), free(g3), free(avg);
     forget_replies();
     ts_shard_free(s);
