@@ -8,8 +8,7 @@
  * real tessera-scheduler and S tessera-ps processes on a job whose model
  * has about --numel floats (an MLP, SGD without momentum), joins as the
  * job's one worker and times rounds of the worker's step conversation
- * (ps_client.h): push every gradient, commit and pull every parameter
- * (the shards apply the step as they decide it: no clipping).
+ * (ps_client.h): push every gradient, commit, apply, pull every parameter.
  * Useful value bytes per round: the model's gradients and parameters, 2 x
  * numel x 4. Each figure is the median of --reps rounds after 2 warm-up
  * rounds; raw and ps rounds interleave so load hits both alike. Output: a
@@ -272,7 +271,7 @@ static int ps_start(ps_run *r, int shards, int64_t hidden, const char *job_path,
     return 0;
 }
 
-/* One step's conversation: push all, commit, pull all; ms. */
+/* One step's conversation: push all, commit, apply, pull all; ms. */
 static double ps_round(ps_run *r) {
     double t0 = bench_now_ms();
     uint64_t g;
@@ -283,8 +282,8 @@ static double ps_round(ps_run *r) {
     double v[TS_COMMIT_VALUES] = {1, 1, 0, 0, 0, 0}, out[TS_DECIDED_VALUES];
     int64_t step;
     ts_loader_pos pos;
-    if (ts_ps_client_ready(r->c, 0, r->model->numel) || ts_ps_client_commit(r->c, v) || ts_ps_client_pull(r->c, r->step) ||
-        ts_ps_client_decided(r->c, out) ||
+    if (ts_ps_client_ready(r->c, 0, r->model->numel) || ts_ps_client_commit(r->c, v, true, out) ||
+        ts_ps_client_apply(r->c, out[TS_DECIDED_SQ_NORM]) || ts_ps_client_pull(r->c, r->step) ||
         ts_ps_client_pull_wait(r->c, &step, &pos)) {
         fprintf(stderr, "bench_ps: step %lld: %s\n", (long long)r->step, ts_last_error());
         exit(1);

@@ -467,26 +467,9 @@ static ts_status step_optimizer(ts_shard *s, double sq, double lr) {
     return st;
 }
 
-/* Sync: steps the decided step (its gradient clipped by the global squared
- * norm sq) and makes it the shard's; the pulls waiting for it are answered. */
-static ts_status apply_decided(ts_shard *s, double sq) {
-    ts_status st = step_optimizer(s, sq, s->decided_lr);
-    if (st) return st;
-    int64_t before = s->step;
-    s->step = s->decided_step;
-    s->pos = s->decided_pos;
-    shard_clear_stagings(s);
-    maybe_checkpoint(s, before);
-    serve_pulls(s);
-    return TS_OK;
-}
-
 /* Sync: once every live worker committed the next step, sums their
  * gradients in rank order, averages them, and answers each commit with the
- * step's loss, samples and this shard's partial squared norm. Without
- * clipping the step needs nothing more: it is applied at once (the
- * workers send no APPLY, and their pulls, sent with the commits, are
- * answered right after the replies). */
+ * step's loss, samples and this shard's partial squared norm. */
 static void try_decide(ts_shard *s) {
     if (s->mode != TS_CONSISTENCY_SYNC || s->decided) return;
     int live = 0;
@@ -529,13 +512,6 @@ static void try_decide(ts_shard *s) {
         if (w->live && w->waiting)
             send_values(s, &w->who, TS_MSG_COMMIT_REPLY, s->decided_step, 0, v, TS_DECIDED_VALUES);
         w->waiting = false;
-    }
-    if (s->clip <= 0 && apply_decided(s, 0)) { /* the pulls waiting for the step get the reason */
-        for (int i = 0; i < s->npulls; i++) {
-            answer_error(s, &s->pulls[i].who, TS_PROTO_E_INTERNAL, s->decided_step, s->wset_gen, ts_last_error());
-            free(s->pulls[i].ranges);
-        }
-        s->npulls = 0;
     }
 }
 
@@ -614,8 +590,17 @@ static void on_apply(ts_shard *s, const ts_proto_identity *from, const ts_proto_
                (long long)m->step, (long long)s->step, s->decided ? ", deciding the next" : "");
         return;
     }
-    if (apply_decided(s, ((const double *)m->payload[0].data)[0]))
+    ts_status st = step_optimizer(s, ((const double *)m->payload[0].data)[0], s->decided_lr);
+    if (st) {
         refuse(s, from, m, TS_PROTO_E_INTERNAL, "%s", ts_last_error());
+        return;
+    }
+    int64_t before = s->step;
+    s->step = s->decided_step;
+    s->pos = s->decided_pos;
+    shard_clear_stagings(s);
+    maybe_checkpoint(s, before);
+    serve_pulls(s);
 }
 
 /* ---- reductions ---- */

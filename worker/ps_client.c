@@ -513,7 +513,7 @@ ts_status ts_ps_client_ready(ts_ps_client *c, int64_t offset, int64_t len) {
     return TS_OK;
 }
 
-ts_status ts_ps_client_commit(ts_ps_client *c, const double *values) {
+ts_status ts_ps_client_commit(ts_ps_client *c, const double *values, bool wait, double *out) {
     memcpy(c->commit, values, sizeof c->commit);
     for (int k = 0; k < c->shards; k++) {
         ts_status st = flush(c, k);
@@ -522,10 +522,7 @@ ts_status ts_ps_client_commit(ts_ps_client *c, const double *values) {
         c->s[k].commit_done = false;
         send_values(c, k, TS_MSG_COMMIT, c->step, 0, c->commit, TS_COMMIT_VALUES);
     }
-    return TS_OK;
-}
-
-ts_status ts_ps_client_decided(ts_ps_client *c, double *out) {
+    if (!wait) return TS_OK;
     ts_status st = wait_for(c, WAIT_COMMIT, &c->times.wait_ms);
     if (st) return st;
     memcpy(out, c->s[0].decided, sizeof c->s[0].decided);

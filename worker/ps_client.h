@@ -90,17 +90,13 @@ void ts_ps_client_begin(ts_ps_client *c, int64_t step, uint64_t g);
 ts_status ts_ps_client_ready(ts_ps_client *c, int64_t offset, int64_t len);
 
 /* Commits the step at every shard with the values of shard.h's COMMIT
- * (pushing what is still pending first). */
-ts_status ts_ps_client_commit(ts_ps_client *c, const double *values);
+ * (pushing what is still pending first). wait: waits for every shard's
+ * COMMIT_REPLY and returns in out[] (TS_DECIDED_VALUES) shard 0's loss
+ * sum, samples and workers with the sum over shards of their squared
+ * norms. */
+ts_status ts_ps_client_commit(ts_ps_client *c, const double *values, bool wait, double *out);
 
-/* Sync: waits for every shard's COMMIT_REPLY to the commit and returns in
- * out[] (TS_DECIDED_VALUES) shard 0's loss sum, samples and workers with
- * the sum over shards of their squared norms. */
-ts_status ts_ps_client_decided(ts_ps_client *c, double *out);
-
-/* Sends APPLY of the step with the squared norm of the job's gradient
- * (sync with optimizer.clip_norm: the shards apply a decided step without
- * clipping at once, and need none). */
+/* Sends APPLY of the step with the squared norm of the job's gradient. */
 ts_status ts_ps_client_apply(ts_ps_client *c, double sq_norm);
 
 /* Asks every shard for its keys at step >= want (unless it was asked for

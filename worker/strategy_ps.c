@@ -10,9 +10,7 @@
  * sync: the commit waits until every live worker committed; the replies
  * carry the job's loss and samples (the log's samples/s are the job's) and
  * the shards' partial squared norms of the averaged gradient, whose sum is the norm the trainer logs and the shards
- * clip by; then APPLY and the pull of the step (without clipping the shards
- * apply the step as they decide it: the pull goes out with the commit and
- * no APPLY follows, one round trip a step). "redo" (the workers
+ * clip by; then APPLY and the pull of the step. "redo" (the workers
  * changed before the step was decided) rewinds the loader to the step's
  * start, re-shards it and computes the step again; "behind" (a shard
  * restarted from an older checkpoint) rolls every shard back to it and
@@ -49,7 +47,6 @@ typedef struct {
     ts_mirror *mirror;    /* the model's buffers in host memory */
     const char *key_file;
     bool sync;
-    bool clips;           /* optimizer.clip_norm is set: sync steps need an APPLY with the norm */
     ts_loader_pos start;  /* the loader's position when the step began */
     double sq_norm;       /* the squared norm of the step's gradient */
     int64_t have;         /* the step of the parameters in the model, -1 none */
@@ -142,7 +139,6 @@ static ts_status ps_attach(ts_strategy *s) {
     if (!tensors) return ts_error(TS_ERR_MEMORY, "strategy ps: out of memory");
     for (int i = 0; i < m->n_params; i++) tensors[i] = (ts_range){m->params[i].offset, m->params[i].numel};
     d->sync = t->job.parallel.consistency == TS_CONSISTENCY_SYNC;
-    d->clips = t->job.optimizer.clip_norm > 0;
     ts_ps_client_config cfg = {.job = &t->job, .member = s->member, .key_file = d->key_file, .tensors = tensors,
                                .n_tensors = m->n_params, .numel = m->numel, .params = ts_mirror_params(d->mirror),
                                .grads = ts_mirror_grads(d->mirror)};
@@ -197,17 +193,12 @@ static ts_status compute(ps_strategy *d, double *loss, int64_t *samples) {
     double v[TS_COMMIT_VALUES] = {*loss * (double)*samples, (double)*samples, own,
                                   ts_schedule_lr(&t->schedule, t->step), (double)next.epoch, (double)next.offset};
     double out[TS_DECIDED_VALUES];
-    st = ts_ps_client_commit(d->c, v);
-    /* async and bounded: the next step's parameters, fetched meanwhile;
-     * sync without clipping: the step's, which the shards send as soon as
-     * they decided it */
-    if (!st && (!d->sync || !d->clips)) st = ts_ps_client_pull(d->c, t->step + 1);
+    st = ts_ps_client_commit(d->c, v, d->sync, out);
     if (st) return st;
     if (!d->sync) {
         d->sq_norm = own;
-        return TS_OK;
+        return ts_ps_client_pull(d->c, t->step + 1); /* the next step's parameters, fetched meanwhile */
     }
-    if ((st = ts_ps_client_decided(d->c, out))) return st;
     /* the job's: its loss and samples (the log's samples/s is the job's) */
     *loss = out[TS_DECIDED_SAMPLES] > 0 ? out[TS_DECIDED_LOSS_SUM] / out[TS_DECIDED_SAMPLES] : 0;
     *samples = (int64_t)out[TS_DECIDED_SAMPLES];
@@ -247,7 +238,7 @@ static ts_status ps_end_step(ts_strategy *s, int64_t step) {
     ts_status st = TS_OK;
     if (d->sync) {
         bool again;
-        if (d->clips) st = ts_ps_client_apply(d->c, d->sq_norm);
+        st = ts_ps_client_apply(d->c, d->sq_norm);
         if (!st) st = pull(d, step, false);
         if (st == TS_ERR_STATE && ts_ps_client_event(d->c).kind == TS_PS_BEHIND) {
             d->rollback_to = ts_ps_client_event(d->c).step; /* this step is undone: the next begins there */

@@ -222,40 +222,38 @@ static void test_sync_step_is_the_local_update(void **state) {
     ts_shard_free(s);
 }
 
-/* Without clipping a sync step is applied as it is decided: a pull sent
- * with the commit is answered right after the commit replies, with the
- * local run's update; an APPLY after it is a repeat. */
-static void test_sync_without_clipping_applies_at_decision(void **state) {
+/* A decided step is not stepped before APPLY: when the workers change
+ * meanwhile (another shard may have been told first and asked for the
+ * step again), the new workers' pushes replace it, and the step is taken
+ * once, from them. */
+static void test_decided_step_is_redone_by_new_workers(void **state) {
     (void)state;
     ts_shard *s = make_shard("sync", 0, NULL);
     int64_t off, len;
     ts_shard_range(s, &off, &len);
-    float *g2 = gradient(2), *g3 = gradient(3);
-    /* a learning rate that is not finite is refused before it is staged */
-    push(s, 2, 1, 1, off, len, g2 + off);
-    values(s, TS_MSG_COMMIT, 2, 1, 1, (double[TS_COMMIT_VALUES]){1, 4, 0, NAN, 0, 4}, TS_COMMIT_VALUES);
-    assert_int_equal(nreplies, 1);
-    assert_int_equal(replies[0].code, TS_PROTO_E_FIELD_VALUE);
-    forget_replies();
-    commit(s, 2, 1, 1, 8.0);
+    float *g = gradient(2);
+    for (int32_t r = 2; r <= 3; r++) {
+        push(s, r, 1, 1, off, len, g + off);
+        commit(s, r, 1, 1, 1.0);
+    }
+    assert_int_equal(nreplies, 2);
     pull(s, 1, off, len);
-    assert_int_equal(nreplies, 0); /* undecided until worker 3 commits */
-    push(s, 3, 1, 1, off, len, g3 + off);
-    commit(s, 3, 1, 1, 4.0);
-    assert_int_equal(nreplies, 3);
-    assert_int_equal(replies[0].type, TS_MSG_COMMIT_REPLY);
-    assert_int_equal(replies[1].type, TS_MSG_COMMIT_REPLY);
-    assert_int_equal(replies[2].step, 1);
-    assert_int_equal(ts_shard_step(s), 1);
-    /* the local run's step on the averaged gradient */
-    float *avg = average(g2, g3);
-    assert_local_step(&replies[2], avg, off, len);
+    assert_int_equal(nreplies, 2); /* decided, not applied: the pull waits */
+    ts_shard_workers(s, 2, (int32_t[]){2, 3, 4}, 3);
+    assert_int_equal(ts_shard_step(s), 0);
+    for (int32_t r = 2; r <= 4; r++) {
+        push(s, r, 1, 2, off, len, g + off);
+        commit(s, r, 1, 2, 1.0);
+    }
+    assert_int_equal(nreplies, 5);
+    assert_int_equal(replies[4].type, TS_MSG_COMMIT_REPLY);
+    assert_true(replies[4].values[TS_DECIDED_WORKERS] == 3);
     double sq = 1;
-    values(s, TS_MSG_APPLY, 2, 1, 1, &sq, 1);
-    assert_int_equal(nreplies, 3);
+    values(s, TS_MSG_APPLY, 2, 1, 2, &sq, 1);
     assert_int_equal(ts_shard_step(s), 1);
-    assert_int_equal(ts_shard_refused(s), 1);
-    free(g2), free(g3), free(avg);
+    assert_int_equal(replies[nreplies - 1].type, TS_MSG_PULL_REPLY);
+    assert_int_equal(ts_shard_refused(s), 0);
+    free(g);
     forget_replies();
     ts_shard_free(s);
 }
@@ -403,11 +401,15 @@ static void test_bad_requests_are_refused(void **state) {
     /* apply of a step nobody decided */
     values(s, TS_MSG_APPLY, 2, 1, 1, v, 1);
     assert_int_equal(replies[3].code, TS_PROTO_E_UNEXPECTED);
+    /* a commit whose learning rate is not finite, its pushes complete */
+    push(s, 2, 1, 1, off, len, g + off);
+    values(s, TS_MSG_COMMIT, 2, 1, 1, (double[TS_COMMIT_VALUES]){1, 4, 0, NAN, 0, 4}, TS_COMMIT_VALUES);
+    assert_int_equal(replies[4].code, TS_PROTO_E_FIELD_VALUE);
     /* a type a shard does not take */
     ts_proto_msg m = request(TS_MSG_BARRIER, 2, 1, 1);
     ts_shard_handle(s, &who, &m);
-    assert_int_equal(replies[4].code, TS_PROTO_E_UNEXPECTED);
-    assert_int_equal(ts_shard_refused(s), 5);
+    assert_int_equal(replies[5].code, TS_PROTO_E_UNEXPECTED);
+    assert_int_equal(ts_shard_refused(s), 6);
     assert_int_equal(ts_shard_step(s), 0); /* nothing touched the parameters */
     free(g);
     forget_replies();
@@ -515,8 +517,8 @@ static void test_spare_takes_the_state(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sync_step_is_the_local_update),
-        cmocka_unit_test(test_sync_without_clipping_applies_at_decision),
         cmocka_unit_test(test_changed_workers_redo_the_step),
+        cmocka_unit_test(test_decided_step_is_redone_by_new_workers),
         cmocka_unit_test(test_restart_behind_and_rollback),
         cmocka_unit_test(test_async_applies_each_commit),
         cmocka_unit_test(test_bad_requests_are_refused),
