@@ -199,6 +199,15 @@ static bool stale_workers(ts_shard *s, const ts_proto_identity *from, const ts_p
     return true;
 }
 
+/* Sync: whether m, of the decided step, repeats what decided it (a worker
+ * sending its step again to a new primary). Only a change of the workers
+ * makes them compute a decided step again; a message's generation also
+ * grows with changes of the servers alone, so a newer one is a redo only
+ * once the workers changed since the decision. */
+static bool repeats_decided(const ts_shard *s, const ts_proto_msg *m) {
+    return s->decided && (m->generation <= s->decided_gen || s->wset_gen == s->decided_gen);
+}
+
 /* Sync: whether m is for a step beyond the next one: this shard restarted
  * from an older checkpoint; the sender is told where it is. */
 static bool behind(ts_shard *s, const ts_proto_identity *from, const ts_proto_msg *m, int64_t next) {
@@ -323,7 +332,7 @@ static void on_push(ts_shard *s, const ts_proto_identity *from, const ts_proto_m
     if (s->mode == TS_CONSISTENCY_SYNC) {
         if (stale_workers(s, from, m) || behind(s, from, m, s->step + 1)) return;
         if (m->step <= s->step) return;                                 /* a repeat of an applied step */
-        if (s->decided && m->generation <= s->decided_gen) return;      /* ... or of the decided one */
+        if (repeats_decided(s, m)) return;                              /* ... or of the decided one */
         if (s->decided) { /* the workers redo the decided step in a new generation */
             shard_clear_stagings(s);
             serve_pulls(s);
@@ -542,7 +551,7 @@ static void on_commit(ts_shard *s, const ts_proto_identity *from, const ts_proto
     if (s->mode == TS_CONSISTENCY_SYNC) {
         if (stale_workers(s, from, m) || behind(s, from, m, s->step + 1)) return;
         if (m->step == s->last_decided_step &&
-            (m->step <= s->step || (s->decided && m->generation <= s->decided_gen))) { /* a repeat */
+            (m->step <= s->step || repeats_decided(s, m))) { /* a repeat */
             send_values(s, from, TS_MSG_COMMIT_REPLY, m->step, 0, s->last_decided, TS_DECIDED_VALUES);
             return;
         }

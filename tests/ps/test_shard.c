@@ -258,6 +258,34 @@ static void test_decided_step_is_redone_by_new_workers(void **state) {
     ts_shard_free(s);
 }
 
+/* A new primary gets a decided step's messages again from workers whose
+ * generation grew with changes of the servers alone: repeats, not a redo,
+ * so the step stays decided and the APPLY after them steps it. */
+static void test_resent_decided_step_after_server_changes(void **state) {
+    (void)state;
+    ts_shard *s = make_shard("sync", 0.5, NULL);
+    int64_t off, len;
+    ts_shard_range(s, &off, &len);
+    float *g = gradient(2);
+    for (int32_t r = 2; r <= 3; r++) {
+        push(s, r, 1, 1, off, len, g + off);
+        commit(s, r, 1, 1, 1.0);
+    }
+    assert_int_equal(nreplies, 2);
+    ts_shard_workers(s, 3, (int32_t[]){2, 3}, 2); /* generations 2 and 3 changed the servers only */
+    push(s, 2, 1, 3, off, len, g + off);
+    commit(s, 2, 1, 3, 1.0);
+    assert_int_equal(nreplies, 3);
+    assert_int_equal(replies[2].type, TS_MSG_COMMIT_REPLY);
+    double sq = 1;
+    values(s, TS_MSG_APPLY, 2, 1, 3, &sq, 1);
+    assert_int_equal(ts_shard_step(s), 1);
+    assert_int_equal(ts_shard_refused(s), 0);
+    free(g);
+    forget_replies();
+    ts_shard_free(s);
+}
+
 static void test_changed_workers_redo_the_step(void **state) {
     (void)state;
     ts_shard *s = make_shard("sync", 0, NULL);
@@ -519,6 +547,7 @@ int main(void) {
         cmocka_unit_test(test_sync_step_is_the_local_update),
         cmocka_unit_test(test_changed_workers_redo_the_step),
         cmocka_unit_test(test_decided_step_is_redone_by_new_workers),
+        cmocka_unit_test(test_resent_decided_step_after_server_changes),
         cmocka_unit_test(test_restart_behind_and_rollback),
         cmocka_unit_test(test_async_applies_each_commit),
         cmocka_unit_test(test_bad_requests_are_refused),
