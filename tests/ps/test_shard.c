@@ -172,6 +172,24 @@ static void assert_local_step(const reply_rec *r, float *g, int64_t off, int64_t
     assert_memory_equal(r->data, ts_f32(model->flat_params) + off, (size_t)len * 4);
 }
 
+/* Workers first..last push gradient g for the whole shard and commit
+ * step in generation gen. */
+static void commit_all(ts_shard *s, int32_t first, int32_t last, int64_t step, uint64_t gen, const float *g) {
+    int64_t off, len;
+    ts_shard_range(s, &off, &len);
+    for (int32_t r = first; r <= last; r++) {
+        push(s, r, step, gen, off, len, g + off);
+        commit(s, r, step, gen, 1.0);
+    }
+}
+
+/* One sync step of both workers with gradient g. */
+static void sync_step(ts_shard *s, int64_t step, const float *g) {
+    commit_all(s, 2, 3, step, 1, g);
+    double sq = 1;
+    values(s, TS_MSG_APPLY, 2, step, 1, &sq, 1);
+}
+
 /* ---- tests ---- */
 
 static void test_sync_step_is_the_local_update(void **state) {
@@ -232,19 +250,13 @@ static void test_decided_step_is_redone_by_new_workers(void **state) {
     int64_t off, len;
     ts_shard_range(s, &off, &len);
     float *g = gradient(2);
-    for (int32_t r = 2; r <= 3; r++) {
-        push(s, r, 1, 1, off, len, g + off);
-        commit(s, r, 1, 1, 1.0);
-    }
+    commit_all(s, 2, 3, 1, 1, g);
     assert_int_equal(nreplies, 2);
     pull(s, 1, off, len);
     assert_int_equal(nreplies, 2); /* decided, not applied: the pull waits */
     ts_shard_workers(s, 2, (int32_t[]){2, 3, 4}, 3);
     assert_int_equal(ts_shard_step(s), 0);
-    for (int32_t r = 2; r <= 4; r++) {
-        push(s, r, 1, 2, off, len, g + off);
-        commit(s, r, 1, 2, 1.0);
-    }
+    commit_all(s, 2, 4, 1, 2, g);
     assert_int_equal(nreplies, 5);
     assert_int_equal(replies[4].type, TS_MSG_COMMIT_REPLY);
     assert_true(replies[4].values[TS_DECIDED_WORKERS] == 3);
@@ -267,14 +279,10 @@ static void test_resent_decided_step_after_server_changes(void **state) {
     int64_t off, len;
     ts_shard_range(s, &off, &len);
     float *g = gradient(2);
-    for (int32_t r = 2; r <= 3; r++) {
-        push(s, r, 1, 1, off, len, g + off);
-        commit(s, r, 1, 1, 1.0);
-    }
+    commit_all(s, 2, 3, 1, 1, g);
     assert_int_equal(nreplies, 2);
     ts_shard_workers(s, 3, (int32_t[]){2, 3}, 2); /* generations 2 and 3 changed the servers only */
-    push(s, 2, 1, 3, off, len, g + off);
-    commit(s, 2, 1, 3, 1.0);
+    commit_all(s, 2, 2, 1, 3, g);
     assert_int_equal(nreplies, 3);
     assert_int_equal(replies[2].type, TS_MSG_COMMIT_REPLY);
     double sq = 1;
@@ -318,18 +326,6 @@ static void test_changed_workers_redo_the_step(void **state) {
     free(g2);
     forget_replies();
     ts_shard_free(s);
-}
-
-/* One sync step of both workers with gradient g. */
-static void sync_step(ts_shard *s, int64_t step, const float *g) {
-    int64_t off, len;
-    ts_shard_range(s, &off, &len);
-    for (int32_t r = 2; r <= 3; r++) {
-        push(s, r, step, 1, off, len, g + off);
-        commit(s, r, step, 1, 1.0);
-    }
-    double sq = 1;
-    values(s, TS_MSG_APPLY, 2, step, 1, &sq, 1);
 }
 
 static void test_restart_behind_and_rollback(void **state) {
