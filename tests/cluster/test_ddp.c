@@ -120,13 +120,18 @@ static void test_mpirun_2(void **state) {
  * step with 3 and finish; the final checkpoint evaluates. */
 static void test_kill_worker(void **state) {
     (void)state;
-    const char *job = job_file("ddp-kill", "mlp", 400, 32, "ddp", 4, "\"min_workers\": 2");
+    /* long enough for a worker that comes after the start (it loads its
+     * data first; two may start the job on a loaded machine) to join */
+    enum { KILL_STEPS = 2000 };
+    char at_20[32], ckpt[4300];
+    snprintf(at_20, sizeof at_20, "step 20/%d", KILL_STEPS);
+    const char *job = job_file("ddp-kill", "mlp", KILL_STEPS, 32, "ddp", 4, "\"min_workers\": 2");
     const char *dir = th_path("ddp-kill");
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
     th_proc run = th_start("ddp-kill", argv);
     /* all four in, whether at the start or joined after it */
     if (th_wait_count(&run, "joined rank=", 4, 60000) != 0) dump(&run, "not 4 workers joined");
-    if (th_wait_for(&run, "step 20/400", 60000) != 0) dump(&run, "no step 20");
+    if (th_wait_for(&run, at_20, 60000) != 0) dump(&run, "no step 20");
     pid_t victim = -1;
     int rank = th_joined_worker(&run, 2, &victim);
     assert_true(rank >= 0);
@@ -134,8 +139,7 @@ static void test_kill_worker(void **state) {
     if (th_wait_for(&run, "world size 4 -> 3 workers", 10000) != 0) dump(&run, "no new generation of 3");
     if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0 after losing a worker");
     if (th_count(&run, "dropped") < 1) dump(&run, "no survivor named the lost connection");
-    char ckpt[4300];
-    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-400", dir);
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-%d", dir, KILL_STEPS);
     const char *eargv[] = {"tessera-run", "--eval", ckpt, NULL};
     th_proc ev = th_start("ddp-kill-eval", eargv);
     if (th_wait(&ev, 60000) != 0) dump(&ev, "--eval of the final checkpoint failed");
