@@ -364,6 +364,19 @@ static void restart_pipeline(cluster *cl, const char *what, const char *reason) 
     uv_timer_start(&cl->regroup_timer, regroup_expired, (uint64_t)p->heartbeat_ms, 0);
 }
 
+/* The job ended: a ps or worker that never joined it (one that came late,
+ * on a loaded machine) has nothing to finish, and is stopped now instead
+ * of after the drain. */
+static void stop_unjoined(cluster *cl) {
+    for (ts_child *c = cl->super.children; c; c = c->next) {
+        if (c->role == TS_ROLE_SCHEDULER || c->rank >= 0) continue;
+        char name[64];
+        ts_super_name(c, name, sizeof name);
+        fprintf(stderr, "[run] %s never joined the job, which has ended: stopping it\n", name);
+        ts_super_signal(c, SIGTERM);
+    }
+}
+
 static void on_done(ts_child *c) {
     cluster *cl = c->super->user;
     slot *sl = c->user;
@@ -380,6 +393,7 @@ static void on_done(ts_child *c) {
     if (sl->role == TS_ROLE_SCHEDULER) {
         if (ok && cl->phase != PHASE_FAILED) {
             cl->phase = PHASE_DONE;
+            stop_unjoined(cl);
         } else if (cl->phase == PHASE_STARTING || cl->phase == PHASE_RUNNING) {
             fail(cl, 1, "%s%s", what, reason);
         }
