@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Milliseconds on the monotonic clock (only differences mean anything). */
 static inline double bench_now_ms(void) {
@@ -66,6 +67,17 @@ static inline int bench_run_child(const char *bench, const char *cmd, bench_pars
         fprintf(stderr, "%s: '%s' failed (status %d)\n", bench, cmd, rc);
         return 1;
     }
+    return 0;
+}
+
+/* The folder of the running benchmark (where the project's binaries are)
+ * into dir, cap bytes; 0, or -1 when /proc/self/exe cannot be read. */
+static inline int bench_bin_dir(char *dir, size_t cap) {
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return -1;
+    self[n] = '\0';
+    snprintf(dir, cap, "%.*s", (int)(strrchr(self, '/') - self), self);
     return 0;
 }
 

@@ -423,11 +423,7 @@ static int throughput(void) {
 int main(int argc, char **argv) {
     char out[PATH_MAX];
     if (parse_args(argc, argv, out, sizeof out)) return 2;
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return 1;
-    self[n] = '\0';
-    snprintf(bin_dir, sizeof bin_dir, "%.*s", (int)(strrchr(self, '/') - self), self);
+    if (bench_bin_dir(bin_dir, sizeof bin_dir)) return 1;
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/bench-pipeline-XXXXXX");
     if (!mkdtemp(tmp_dir)) return 1;
     FILE *svg = fopen(out, "w");

@@ -323,11 +323,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return 1;
-    exe[n] = '\0';
-    snprintf(bin_dir, sizeof bin_dir, "%.*s", (int)(strrchr(exe, '/') - exe), exe);
+    if (bench_bin_dir(bin_dir, sizeof bin_dir)) return 1;
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/bench-ps-XXXXXX");
     if (!mkdtemp(tmp_dir)) return 1;
     snprintf(key_path, sizeof key_path, "%s/job.key", tmp_dir);
