@@ -311,7 +311,8 @@ static int parse_args(int argc, char **argv, char *out, size_t cap) {
         else if (!strcmp(argv[i], "--rows") && v) rows = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && v) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--out") && v) snprintf(out, cap, "%s", argv[++i]);
-        else if (!strcmp(argv[i], "--security") && v && (!strcmp(v, "curve") || !strcmp(v, "none"))) security = argv[++i];
+        else if (!strcmp(argv[i], "--security") && v && (!strcmp(v, "curve") || !strcmp(v, "none")))
+            security = argv[++i];
         else {
             fprintf(stderr, "usage: bench_pipeline [--steps N] [--warmup W] [--rows R] [--reps K] [--out FILE] "
                             "[--security curve|none]\n");

@@ -245,7 +245,8 @@ static ts_status send_activation(pipe_strategy *p, micro *u, ts_tensor *y, bool 
                         "micro-batch of a step must give the same shape", ts_shape_str(y),
                         ts_dims_str((int)p->shape_out[0], p->shape_out + 1));
     }
-    if (!st) st = start_pair(p, p->pipe, TS_COMM_SEND, ts_f32(y), ts_tensor_numel(y), TS_F32, p->stage + 1, &u->sent[1]);
+    if (!st)
+        st = start_pair(p, p->pipe, TS_COMM_SEND, ts_f32(y), ts_tensor_numel(y), TS_F32, p->stage + 1, &u->sent[1]);
     return st;
 }
 
@@ -264,13 +265,10 @@ static ts_status recv_activation(pipe_strategy *p, ts_tensor **x, bool header) {
         ok = h[1 + d] >= 1 && h[1 + d] <= MAX_ACTIVATION / numel;
         if (ok) numel *= h[1 + d];
     }
-    if (!ok) {
-        ts_error(TS_ERR_FORMAT, "stage %d sent an activation header of %lld dimensions [%lld, %lld, ...]; at most %d "
-                 "dimensions of %lld elements in all", p->stage - 1, (long long)h[0], (long long)h[1], (long long)h[2],
-                 TS_MAX_DIMS, (long long)MAX_ACTIVATION);
-        h[0] = 0; /* no shape to expect until a good header came */
-        return ts_last_status();
-    }
+    if (!ok)
+        return ts_error(TS_ERR_FORMAT, "stage %d sent an activation header of %lld dimensions [%lld, %lld, ...]; "
+                        "at most %d dimensions of %lld elements in all", p->stage - 1, (long long)h[0],
+                        (long long)h[1], (long long)h[2], TS_MAX_DIMS, (long long)MAX_ACTIVATION);
     *x = ts_tensor_empty(TS_F32, (int)h[0], h + 1);
     if (!*x) return ts_last_status();
     ts_status st = recv_from(p, p->pipe, ts_f32(*x), numel, TS_F32, p->stage - 1, "activation");

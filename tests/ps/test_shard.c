@@ -183,6 +183,18 @@ static void commit_all(ts_shard *s, int32_t first, int32_t last, int64_t step, u
     }
 }
 
+/* A sync shard (clip_norm clip) whose step 1 workers 2 and 3 decided in
+ * generation 1 with gradient *g (made here): the two commit replies in,
+ * nothing applied. */
+static ts_shard *decided_shard(double clip, float **g) {
+    ts_shard *s = make_shard("sync", clip, NULL);
+    *g = gradient(2);
+    commit_all(s, 2, 3, 1, 1, *g);
+    assert_int_equal(nreplies, 2);
+    assert_int_equal(ts_shard_step(s), 0);
+    return s;
+}
+
 /* One sync step of both workers with gradient g. */
 static void sync_step(ts_shard *s, int64_t step, const float *g) {
     commit_all(s, 2, 3, step, 1, g);
@@ -246,12 +258,10 @@ static void test_sync_step_is_the_local_update(void **state) {
  * once, from them. */
 static void test_decided_step_is_redone_by_new_workers(void **state) {
     (void)state;
-    ts_shard *s = make_shard("sync", 0, NULL);
+    float *g;
+    ts_shard *s = decided_shard(0, &g);
     int64_t off, len;
     ts_shard_range(s, &off, &len);
-    float *g = gradient(2);
-    commit_all(s, 2, 3, 1, 1, g);
-    assert_int_equal(nreplies, 2);
     pull(s, 1, off, len);
     assert_int_equal(nreplies, 2); /* decided, not applied: the pull waits */
     ts_shard_workers(s, 2, (int32_t[]){2, 3, 4}, 3);
@@ -275,12 +285,8 @@ static void test_decided_step_is_redone_by_new_workers(void **state) {
  * so the step stays decided and the APPLY after them steps it. */
 static void test_resent_decided_step_after_server_changes(void **state) {
     (void)state;
-    ts_shard *s = make_shard("sync", 0.5, NULL);
-    int64_t off, len;
-    ts_shard_range(s, &off, &len);
-    float *g = gradient(2);
-    commit_all(s, 2, 3, 1, 1, g);
-    assert_int_equal(nreplies, 2);
+    float *g;
+    ts_shard *s = decided_shard(0.5, &g);
     ts_shard_workers(s, 3, (int32_t[]){2, 3}, 2); /* generations 2 and 3 changed the servers only */
     commit_all(s, 2, 2, 1, 3, g);
     assert_int_equal(nreplies, 3);
