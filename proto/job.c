@@ -105,6 +105,7 @@ static const field parallel_fields[] = {
     BOOL_FIELD("timeline", parallel.timeline, "false"),
     ENUM_FIELD("fsdp_mode", parallel.fsdp_mode, "\"full\"", fsdp_mode_names),
     ENUM_FIELD("fsdp_unit", parallel.fsdp_unit, "\"block\"", fsdp_unit_names),
+    BOOL_FIELD("fsdp_neighbour_copy", parallel.fsdp_neighbour_copy, "false"),
     {0},
 };
 

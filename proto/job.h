@@ -102,6 +102,7 @@ typedef struct {
     int timeline;             /* pipeline: each stage writes its busy intervals */
     ts_job_fsdp_mode fsdp_mode;         /* fsdp: what is sharded */
     ts_job_fsdp_unit fsdp_unit;         /* fsdp: the units gathered at once */
+    int fsdp_neighbour_copy;            /* fsdp: each rank keeps its ring neighbour's shards */
 } ts_job_parallel;
 
 /* Strategy "standin" (worker/strategy_standin.c): workers train their own

@@ -40,6 +40,14 @@
  * world changes again meanwhile); when one was lost, every rank reloads the
  * newest checkpoint, resharded (or the seed's model when there is none),
  * and the job redoes the steps since.
+ * With parallel.fsdp_neighbour_copy, rank r also keeps a copy of shard
+ * r + 1 (shard_copy): filled after each new layout, then kept in step by
+ * receiving that rank's reduced gradients in each step (before the step's
+ * sums, so that a failed exchange abandons the step on every rank) and
+ * letting the optimizer step the copy with the rank's own shards (the
+ * copy's slices follow them; clipping scales both by the global norm of
+ * the own shards). A shard whose holder died is then moved from its copy,
+ * at the step the survivors reached.
  * Checkpoints are sharded (fsdp_checkpoint.h): every rank writes its file
  * into the step's temp folder, the leader commits it once all have.
  *
@@ -102,6 +110,16 @@ static void buffers_free(shard_buffers *b) {
     *b = (shard_buffers){0};
 }
 
+/* The copy of its ring neighbour's shards that a rank keeps with
+ * parallel.fsdp_neighbour_copy: shard `of` of the layout (-1: none), laid
+ * out as the rank's own. valid: it holds that shard at this rank's step
+ * (the optimizer steps it with the rank's own). */
+typedef struct {
+    shard_buffers b;
+    int of;
+    bool valid;
+} shard_copy;
+
 typedef struct {
     fsdp_strategy *f;
     int index;
@@ -134,8 +152,10 @@ struct fsdp_strategy {
     shard_buffers b;
     shard_buffers prev;      /* the previous generation's, while a move is agreed on */
     int prev_shards, prev_shard;
-    ts_optim_slice *slices;
-    int n_slices;
+    bool copying;            /* parallel.fsdp_neighbour_copy */
+    shard_copy copy, prev_copy;
+    ts_optim_slice *slices;  /* this rank's shards', then the copy's */
+    int n_slices, n_copy_slices;
     int *unit_of;            /* per parameter: its unit */
     double sq_norm;          /* the step's global squared gradient norm */
     int64_t reductions;      /* reductions started so far */
@@ -207,31 +227,78 @@ static int64_t place_units(fsdp_strategy *f, int w, int r) {
     return total;
 }
 
-/* Points the optimizer's slices at the units' shards in f->b. */
+/* The optimizer's slice of the elements [offset, offset + len) of the
+ * flat buffer, kept at position at of the shard buffers b. */
+static ts_optim_slice slice_at(const shard_buffers *b, int64_t at, int64_t offset, int64_t len) {
+    return (ts_optim_slice){.params = b->params + at, .grads = b->grads + at,
+                            .state = b->state ? b->state + at : NULL, .stride = b->total, .offset = offset,
+                            .len = len};
+}
+
+/* Points the optimizer's slices at the units' shards in f->b, then at the
+ * copy's (its shard's ranges of the same units). */
 static void point_slices(fsdp_strategy *f) {
-    f->n_slices = 0;
+    f->n_slices = f->n_copy_slices = 0;
     for (int k = 0; f->slices && f->b.params && k < f->n_units; k++) {
         unit *u = &f->units[k];
-        if (!u->own.len) continue;
-        f->slices[f->n_slices++] = (ts_optim_slice){.params = f->b.params + u->at, .grads = f->b.grads + u->at,
-                                                    .state = f->b.state ? f->b.state + u->at : NULL, .stride = f->b.total,
-                                                    .offset = u->lo + u->own.offset, .len = u->own.len};
+        if (u->own.len) f->slices[f->n_slices++] = slice_at(&f->b, u->at, u->lo + u->own.offset, u->own.len);
+    }
+    for (int k = 0; f->slices && f->copy.b.params && k < f->n_units; k++) {
+        unit *u = &f->units[k];
+        ts_range c = ts_plan_shard_range(u->len, f->shards, f->copy.of);
+        if (c.len) f->slices[f->n_slices + f->n_copy_slices++] = slice_at(&f->copy.b, u->at, u->lo + c.offset, c.len);
     }
 }
 
 /* Lays the units' shards out for a world of w (this rank r): sizes and
- * places in the shard buffers, which are (re)allocated zeroed. */
+ * places in the shard buffers, which are (re)allocated zeroed, and with
+ * copying the (not yet valid) copy of shard r + 1's. */
 static ts_status lay_out(fsdp_strategy *f, int w, int r) {
     ts_model *m = f->base.trainer->model;
     int64_t total = place_units(f, w, r);
-    f->n_slices = 0;
+    int slots = ts_optim_state_slots(&f->base.trainer->optim);
+    f->n_slices = f->n_copy_slices = 0;
     buffers_free(&f->b);
+    buffers_free(&f->copy.b);
+    f->copy = (shard_copy){.of = f->copying && f->shards > 1 ? (f->me + 1) % f->shards : -1};
     free(f->slices);
-    f->slices = calloc((size_t)f->n_units + 1, sizeof *f->slices);
+    f->slices = calloc(2 * (size_t)f->n_units + 1, sizeof *f->slices);
     if (!f->slices) return ts_error(TS_ERR_MEMORY, "fsdp: out of memory for %d slices", f->n_units);
-    ts_status st = buffers_alloc(&f->b, total, ts_optim_state_slots(&f->base.trainer->optim),
-                                 m->compute_dtype == TS_BF16);
+    ts_status st = buffers_alloc(&f->b, total, slots, m->compute_dtype == TS_BF16);
+    if (!st && f->copy.of >= 0) st = buffers_alloc(&f->copy.b, total, slots, false);
     if (!st) point_slices(f);
+    return st;
+}
+
+/* Sends n floats of send to the rank that keeps this rank's copy (r - 1)
+ * and receives n into recv from the rank whose copy this one keeps (r + 1);
+ * with two ranks both are the other. timeout_ms 0: the step's. */
+static ts_status swap_with_neighbours(fsdp_strategy *f, const float *send, float *recv, int64_t n, int timeout_ms) {
+    int w = f->shards;
+    int64_t step = f->base.trainer->step + 1;
+    ts_comm_op out = {.kind = TS_COMM_SEND, .send = send, .count = n, .dtype = TS_F32, .peer = (f->me + w - 1) % w,
+                      .step = step, .timeout_ms = timeout_ms};
+    ts_comm_op in = {.kind = TS_COMM_RECV, .recv = recv, .count = n, .dtype = TS_F32, .peer = (f->me + 1) % w,
+                     .step = step, .timeout_ms = timeout_ms};
+    ts_comm_req *a = NULL, *b = NULL;
+    ts_status st = ts_comm_start(f->g.comm, &out, &a);
+    if (!st) st = ts_comm_start(f->g.comm, &in, &b);
+    ts_status sent = a ? ts_dp_group_finish(&f->g, a) : TS_OK, got = b ? ts_dp_group_finish(&f->g, b) : TS_OK;
+    return st ? st : sent ? sent : got;
+}
+
+/* Fills the copy from the neighbour it copies (parameters and optimizer
+ * state), sending this rank's shards to the one that copies them: after
+ * each new layout. The optimizer then keeps it in step. */
+static ts_status fill_copy(fsdp_strategy *f) {
+    ts_member_info info;
+    ts_member_info_get(f->base.member, &info);
+    int slots = ts_optim_state_slots(&f->base.trainer->optim);
+    int64_t n = f->b.total;
+    ts_status st = swap_with_neighbours(f, f->b.params, f->copy.b.params, n, (int)info.barrier_timeout_ms);
+    for (int j = 0; !st && j < slots; j++)
+        st = swap_with_neighbours(f, f->b.state + j * n, f->copy.b.state + j * n, n, (int)info.barrier_timeout_ms);
+    f->copy.valid = st == TS_OK;
     return st;
 }
 
@@ -519,8 +586,36 @@ static void drop_units(ts_strategy *s) {
 typedef struct {
     int64_t generation;     /* of its shards (0: it holds the whole model) */
     int64_t shard, shards;  /* its shard and the shard count then */
+    int64_t copy_of;        /* the shard its valid copy holds, or -1 */
     int64_t step, total_steps, epoch, offset;
 } rank_state;
+
+/* The most shards a regroup moves. */
+#define MAX_SHARDS 1024
+
+/* Who brings each shard q of the newest generation's old_shards to a move:
+ * a rank of that generation that holds it, else one that keeps a valid
+ * copy of it (from_copy[q]). Returns whether every shard has one. */
+static bool find_holders(const rank_state *all, int world, int64_t newest, int old_shards, int *holder,
+                         bool *from_copy) {
+    if (newest <= 0 || old_shards > MAX_SHARDS) return false;
+    for (int q = 0; q < old_shards; q++) holder[q] = -1;
+    for (int r = 0; r < world; r++)
+        if (all[r].generation == newest && all[r].shard >= 0 && all[r].shard < old_shards) {
+            holder[all[r].shard] = r;
+            from_copy[all[r].shard] = false;
+        }
+    for (int r = 0; r < world; r++) {
+        int64_t q = all[r].copy_of;
+        if (all[r].generation == newest && q >= 0 && q < old_shards && holder[q] < 0) {
+            holder[q] = r;
+            from_copy[q] = true;
+        }
+    }
+    for (int q = 0; q < old_shards; q++)
+        if (holder[q] < 0) return false;
+    return true;
+}
 
 /* Cuts this rank's shards out of the model's whole buffers (parameters and
  * optimizer state). */
@@ -536,19 +631,19 @@ static void cut_shards(fsdp_strategy *f) {
     }
 }
 
-/* Moves the shards of the previous generation (held by the ranks whose
- * states say so) into the new layout: per unit and old shard q, its holder
- * broadcasts parameters and state, and each rank keeps its part. The old
- * shards stay in f->prev until the new generation is agreed on
- * (settle_previous). */
-static ts_status move_shards(fsdp_strategy *f, const rank_state *all, int world, int old_shards) {
+/* Moves the shards of the previous generation into the new layout: per
+ * unit and old shard q, its holder (find_holders) broadcasts parameters
+ * and state from its shards or its copy, and each rank keeps its part.
+ * The old shards and copy stay in f->prev and f->prev_copy until the new
+ * generation is agreed on (settle_previous). */
+static ts_status move_shards(fsdp_strategy *f, const int *holder, const bool *from_copy, int world, int old_shards) {
     int slots = ts_optim_state_slots(&f->base.trainer->optim);
     /* the old layout, before lay_out replaces it: each holder's own buffers */
     f->prev = f->b;
     f->prev_shards = f->shards;
     f->prev_shard = f->me;
-    const shard_buffers old = f->prev;
-    f->b = (shard_buffers){0};
+    f->prev_copy = f->copy;
+    f->b = f->copy.b = (shard_buffers){0};
     int64_t *old_at = calloc((size_t)f->n_units + 1, sizeof *old_at);
     if (!old_at) return ts_error(TS_ERR_MEMORY, "fsdp: out of memory moving shards");
     int64_t at = 0;
@@ -556,10 +651,6 @@ static ts_status move_shards(fsdp_strategy *f, const rank_state *all, int world,
         old_at[k] = at;
         at += ts_plan_shard_len(f->units[k].len, old_shards);
     }
-    int holder[1024];
-    for (int q = 0; q < old_shards && q < 1024; q++)
-        for (int r = 0; r < world; r++)
-            if (all[r].generation && all[r].shard == q) holder[q] = r;
     ts_status st = lay_out(f, world, f->base.group.rank);
     for (int k = 0; !st && k < f->n_units; k++) {
         unit *u = &f->units[k];
@@ -570,9 +661,10 @@ static ts_status move_shards(fsdp_strategy *f, const rank_state *all, int world,
             ts_range real = ts_plan_shard_range(u->len, old_shards, q);
             if (!real.len) continue;
             if (holder[q] == f->base.group.rank) {
-                memcpy(buf, old.params + old_at[k], (size_t)real.len * sizeof(float));
+                const shard_buffers *old = from_copy[q] ? &f->prev_copy.b : &f->prev;
+                memcpy(buf, old->params + old_at[k], (size_t)real.len * sizeof(float));
                 for (int j = 0; j < slots; j++)
-                    memcpy(buf + (1 + j) * olen, old.state + j * old.total + old_at[k], (size_t)real.len * sizeof(float));
+                    memcpy(buf + (1 + j) * olen, old->state + j * old->total + old_at[k], (size_t)real.len * sizeof(float));
             }
             ts_member_info info;
             ts_member_info_get(f->base.member, &info);
@@ -593,22 +685,30 @@ static ts_status move_shards(fsdp_strategy *f, const rank_state *all, int world,
         free(buf);
     }
     free(old_at);
+    for (int q = 0; !st && q < old_shards; q++)
+        if (from_copy[q] && holder[q] == f->base.group.rank)
+            printf("fsdp: shard %d of %d, whose rank was lost, rebuilt from this rank's copy at step %lld (no step "
+                   "lost)\n", q, old_shards, (long long)f->base.trainer->step);
     return st;
 }
 
-/* After a move: once the generation was agreed on (ok) the old shards go;
- * when it failed (the world changed again) every rank takes its old
- * shards back, so that the next generation can move them. */
+/* After a move: once the generation was agreed on (ok) the old shards and
+ * copy go; when it failed (the world changed again) every rank takes them
+ * back, so that the next generation can move them. */
 static void settle_previous(fsdp_strategy *f, bool ok) {
     if (!f->prev.params) return;
     if (!ok) {
         buffers_free(&f->b);
+        buffers_free(&f->copy.b);
         f->b = f->prev;
-        f->prev = (shard_buffers){0};
+        f->copy = f->prev_copy;
+        f->prev = f->prev_copy.b = (shard_buffers){0};
         place_units(f, f->prev_shards, f->prev_shard);
         point_slices(f);
     }
     buffers_free(&f->prev);
+    buffers_free(&f->prev_copy.b);
+    f->prev_copy = (shard_copy){.of = -1};
 }
 
 /* The newest checkpoint of the run, resharded into this rank's shards, or
@@ -667,7 +767,7 @@ static ts_status agree(ts_strategy *s) {
     int world = s->group.world, me = s->group.rank;
     ts_loader_pos pos = ts_dp_group_position(&f->g);
     rank_state mine = {.generation = f->invalid ? -1 : f->sharded ? f->shard_generation : 0, .shard = f->me,
-                       .shards = f->shards,
+                       .shards = f->shards, .copy_of = f->copy.valid ? f->copy.of : -1,
                        .step = t->step, .total_steps = t->total_steps, .epoch = pos.epoch, .offset = pos.offset};
     rank_state *all = calloc((size_t)world, sizeof *all);
     if (!all) return ts_error(TS_ERR_MEMORY, "fsdp: out of memory for %d ranks' states", world);
@@ -677,20 +777,19 @@ static ts_status agree(ts_strategy *s) {
     for (int r = 0; r < world; r++)
         if (all[r].generation > newest) newest = all[r].generation;
     /* who holds what: the whole model at one step (a start), or every shard
-     * of the newest generation at one step */
-    bool whole = true, complete = newest > 0, same = true;
+     * of the newest generation (its holder's, or a copy) at one step */
+    bool whole = true, same = true;
     int old_shards = 0, first = -1;
-    bool seen[1024] = {0};
     for (int r = 0; r < world; r++) {
         if (all[r].generation != newest) continue;
         if (first < 0) first = r;
         same = same && all[r].step == all[first].step;
         whole = whole && all[r].generation == 0;
         old_shards = (int)all[r].shards;
-        if (newest && all[r].shard >= 0 && all[r].shard < 1024) seen[all[r].shard] = true;
     }
-    for (int q = 0; complete && q < old_shards; q++) complete = q < 1024 && seen[q];
-    complete = complete && old_shards <= 1024;
+    int holder[MAX_SHARDS];
+    bool from_copy[MAX_SHARDS];
+    bool complete = find_holders(all, world, newest, old_shards, holder, from_copy);
     bool any_invalid = false;
     for (int r = 0; r < world; r++) any_invalid = any_invalid || all[r].generation < 0;
     whole = whole && first >= 0 && same && !any_invalid;
@@ -702,7 +801,7 @@ static ts_status agree(ts_strategy *s) {
         st = lay_out(f, world, me);
         if (!st) cut_shards(f);
     } else if (!st && complete && same) {
-        st = move_shards(f, all, world, old_shards);
+        st = move_shards(f, holder, from_copy, world, old_shards);
     } else if (!st) {
         st = lay_out(f, world, me);
         if (!st) st = reload(f, &from);
@@ -710,6 +809,7 @@ static ts_status agree(ts_strategy *s) {
         f->invalid = st != TS_OK;
     }
     free(all);
+    if (!st && f->copy.of >= 0) st = fill_copy(f);
     if (!st) st = ts_dp_group_meet(&f->g, TS_COMM_BARRIER, NULL, NULL, 0, TS_U8);
     settle_previous(f, !st);
     /* a reload stands even when the world changed again before all were
@@ -781,7 +881,9 @@ static ts_status try_step(ts_strategy *s, double *loss, int64_t *samples) {
     }
     if (st) return st;
     if (waited) return waited;
-    double sq = 0;
+    /* the copy's gradients, for the optimizer to step it with this rank's shards */
+    if (f->copy.of >= 0 && (st = swap_with_neighbours(f, f->b.grads, f->copy.b.grads, f->b.total, 0))) return st;
+    double sq = 0; /* over this rank's shards only */
     for (int i = 0; i < f->n_slices; i++) sq += ts_clip_sq_norm(f->slices[i].grads, f->slices[i].len);
     double sums[3] = {*loss, (double)*samples, f->shards == 1 ? 0 : sq};
     ts_comm_op op = {.kind = TS_COMM_ALLREDUCE, .send = sums, .recv = sums, .count = 3, .dtype = TS_F64,
@@ -800,7 +902,7 @@ static ts_status fsdp_grads(ts_strategy *s, double *loss, int64_t *samples) {
 static void fsdp_slices(ts_strategy *s, const ts_optim_slice **slices, int *n) {
     fsdp_strategy *f = (fsdp_strategy *)s;
     *slices = f->slices;
-    *n = f->n_slices;
+    *n = f->n_slices + f->n_copy_slices;
 }
 
 /* The global norm was summed with the step's loss (a collective here could
@@ -906,6 +1008,8 @@ static void fsdp_free(ts_strategy *s) {
     free(f->unit_of);
     buffers_free(&f->b);
     buffers_free(&f->prev);
+    buffers_free(&f->copy.b);
+    buffers_free(&f->prev_copy.b);
     free(f->slices);
     free(f);
 }
@@ -936,6 +1040,9 @@ ts_strategy *ts_strategy_fsdp_new(const ts_strategy_options *o) {
     f->mode = o->job->parallel.fsdp_mode;
     f->policy = o->job->parallel.fsdp_unit;
     f->bf16_wire = o->job->parallel.wire_dtype == TS_WIRE_BF16;
+    /* under mpirun a death ends the job: a copy would never be used */
+    f->copying = o->job->parallel.fsdp_neighbour_copy && !o->mpi_comm;
+    f->copy.of = f->prev_copy.of = -1;
     static const ts_dp_group_hooks hooks = {.drop = drop_units, .agree = agree, .try_step = try_step};
     if (ts_dp_group_open(&f->g, &f->base, "fsdp", o, &hooks)) {
         free(f);

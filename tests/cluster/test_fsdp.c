@@ -207,6 +207,83 @@ static void test_kill_worker(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* With parallel.fsdp_neighbour_copy, kill -9 of one of 4 workers mid-step
+ * loses no step: the survivors rebuild its shards from the copy its ring
+ * neighbour kept (no checkpoint is reloaded) and go on at 3 from the step
+ * they had reached, S. The losses equal those of a run without copies
+ * that went from the last checkpoint C before S to S at 4 workers and on
+ * from S at 3 (C + 1 .. S: the copies change nothing; after S: the rebuilt
+ * shards are the lost ones); the final checkpoint evaluates. */
+static void test_kill_worker_copy(void **state) {
+    (void)state;
+    enum { STEPS_K = 160 };
+    const char *copy = ", \"min_workers\": 2, \"fsdp_neighbour_copy\": true";
+    char par[512];
+    fsdp_section(par, sizeof par, 4, copy);
+    /* the job file of the other runs, keeping every checkpoint */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *in = fopen(th_job_file("fsdp-copy", "mlp", STEPS_K, 16, 1, par), "r");
+    assert_non_null(in);
+    assert_int_equal(getdelim(&text, &len, '\0', in) > 0, 1);
+    fclose(in);
+    char job_text[8192];
+    const char *at = strstr(text, "\"checkpoint_every\": 10");
+    assert_non_null(at);
+    snprintf(job_text, sizeof job_text, "%.*s\"keep_checkpoints\": 100, %s", (int)(at - text), text, at);
+    free(text);
+    const char *job = th_write("fsdp-copy.json", job_text), *dir = th_path("fsdp-copy");
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
+    th_proc run = th_start("fsdp-copy", argv);
+    if (th_wait_for(&run, "-> 4 workers", 60000) != 0) th_dump(&run, "no generation of 4");
+    if (th_wait_count(&run, "/160 |", th_count(&run, "/160 |") + 25, 60000) != 0)
+        th_dump(&run, "no 25 steps at 4 workers");
+    pid_t victim = -1;
+    assert_true(th_joined_worker(&run, 2, &victim) >= 0);
+    kill(victim, SIGKILL);
+    if (th_wait_for(&run, "world size 4 -> 3 workers", 15000) != 0) th_dump(&run, "no new generation of 3");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after losing a worker");
+    if (th_count(&run, "a shard was lost") > 0) th_dump(&run, "a checkpoint was reloaded although a copy was kept");
+    char *out = th_output(&run);
+    const char *rebuilt = strstr(out, "rebuilt from this rank's copy at step ");
+    long s = rebuilt ? atol(rebuilt + strlen("rebuilt from this rank's copy at step ")) : -1;
+    free(out);
+    if (s < 10 || s >= STEPS_K) th_dump(&run, "no shard rebuilt from a copy mid-run");
+    double got[STEPS_K + 1], to_s[STEPS_K + 1], on[STEPS_K + 1];
+    assert_int_equal(th_losses(dir, got, STEPS_K), STEPS_K);
+
+    /* the reference: from the last checkpoint C at or before S to S at 4
+     * without copies, then on at 3 */
+    long c = s / 10 * 10;
+    char path[4400], cmd[9000];
+    for (; c > 0; c -= 10) {
+        snprintf(path, sizeof path, "%s/checkpoints/step-%ld", dir, c);
+        if (access(path, F_OK) == 0) break;
+    }
+    assert_true(c > 0);
+    th_copy_run(dir, th_path("fsdp-copy-to-s"));
+    snprintf(cmd, sizeof cmd,
+             "cd '%s/checkpoints' && for d in step-*; do [ \"${d#step-}\" -le %ld ] || rm -rf \"$d\"; done",
+             th_path("fsdp-copy-to-s"), c);
+    assert_int_equal(system(cmd), 0);
+    fsdp_section(par, sizeof par, 4, "");
+    th_run_job("fsdp-copy-to-s", "mlp", (int)s, 16, 1, par, true, to_s);
+    th_expect_same(got, to_s, (int)c + 1, (int)s, "the steps before the kill, against a run without copies");
+    th_copy_run(th_path("fsdp-copy-to-s"), th_path("fsdp-copy-on"));
+    fsdp_section(par, sizeof par, 3, "");
+    th_run_job("fsdp-copy-on", "mlp", STEPS_K, 16, 1, par, true, on);
+    th_expect_same(got, on, (int)s + 1, STEPS_K, "the steps after the rebuild, against a run that lost no worker");
+
+    char ckpt[4300];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-%d", dir, STEPS_K);
+    const char *eargv[] = {"tessera-run", "--eval", ckpt, NULL};
+    char *evaluated = run_tool("fsdp-copy-eval", eargv);
+    const char *a = strstr(evaluated, "accuracy ");
+    if (!a || atof(a + 9) < 70) fail_msg("the final checkpoint evaluates below 70%%:\n%s", evaluated);
+    free(evaluated);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* Starts `tessera-run --join` (output tagged tag) for the job file job
  * whose run folder dir holds the scheduler's address and key; every
  * worker writes its shards into that folder. */
@@ -266,11 +343,12 @@ static void test_kill_in_eval(void **state) {
 }
 
 /* A worker joined mid-run gets its shards from the others at the next
- * step boundary (no checkpoint reloaded) and trains in step. */
+ * step boundary (no checkpoint reloaded) and trains in step; the
+ * neighbour copies are laid out again for the three. */
 static void test_join(void **state) {
     (void)state;
     const char *dir;
-    th_proc run = start_job("fsdp-join", "gpt", 600, 4, 2, ", \"max_workers\": 3", &dir);
+    th_proc run = start_job("fsdp-join", "gpt", 600, 4, 2, ", \"max_workers\": 3, \"fsdp_neighbour_copy\": true", &dir);
     const char *job = th_path("fsdp-join.json");
     if (th_wait_for(&run, "step 10/600", 60000) != 0) th_dump(&run, "no step 10");
     th_proc joiner = start_joiner("fsdp-joiner", job, dir);
@@ -288,7 +366,8 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt_2),  cmocka_unit_test(test_gpt_4),      cmocka_unit_test(test_cnn_2),
         cmocka_unit_test(test_cnn_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_bf16),
-        cmocka_unit_test(test_reshard), cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_kill_in_eval),
+        cmocka_unit_test(test_reshard), cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_kill_worker_copy),
+        cmocka_unit_test(test_kill_in_eval),
         cmocka_unit_test(test_join_during_move),
         cmocka_unit_test(test_join),
     };
