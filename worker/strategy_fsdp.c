@@ -272,7 +272,10 @@ static ts_status lay_out(fsdp_strategy *f, int w, int r) {
 
 /* Sends n floats of send to the rank that keeps this rank's copy (r - 1)
  * and receives n into recv from the rank whose copy this one keeps (r + 1);
- * with two ranks both are the other. timeout_ms 0: the step's. */
+ * with two ranks both are the other. The communicator runs its operations
+ * one after the other, so even ranks send first and odd ones receive
+ * first: no two neighbours both send, each waiting for the other to read.
+ * timeout_ms 0: the step's. */
 static ts_status swap_with_neighbours(fsdp_strategy *f, const float *send, float *recv, int64_t n, int timeout_ms) {
     int w = f->shards;
     int64_t step = f->base.trainer->step + 1;
@@ -280,11 +283,12 @@ static ts_status swap_with_neighbours(fsdp_strategy *f, const float *send, float
                       .step = step, .timeout_ms = timeout_ms};
     ts_comm_op in = {.kind = TS_COMM_RECV, .recv = recv, .count = n, .dtype = TS_F32, .peer = (f->me + 1) % w,
                      .step = step, .timeout_ms = timeout_ms};
+    bool send_first = f->me % 2 == 0;
     ts_comm_req *a = NULL, *b = NULL;
-    ts_status st = ts_comm_start(f->g.comm, &out, &a);
-    if (!st) st = ts_comm_start(f->g.comm, &in, &b);
-    ts_status sent = a ? ts_dp_group_finish(&f->g, a) : TS_OK, got = b ? ts_dp_group_finish(&f->g, b) : TS_OK;
-    return st ? st : sent ? sent : got;
+    ts_status st = ts_comm_start(f->g.comm, send_first ? &out : &in, &a);
+    if (!st) st = ts_comm_start(f->g.comm, send_first ? &in : &out, &b);
+    ts_status first = a ? ts_dp_group_finish(&f->g, a) : TS_OK, second = b ? ts_dp_group_finish(&f->g, b) : TS_OK;
+    return st ? st : first ? first : second;
 }
 
 /* Fills the copy from the neighbour it copies (parameters and optimizer
