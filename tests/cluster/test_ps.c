@@ -254,6 +254,17 @@ static void test_join(void **state) {
  * step in flight is computed again by the others, the next worker leads
  * (log, metrics, checkpoints) and the job finishes; and of a worker of a
  * bounded-staleness job. */
+/* Waits until the leader (worker 2) took a step with all three workers
+ * (it says "world size 2 -> 3" when it joined a group of two): only then
+ * is a kill a change from 3 to 2 that it sees. A worker killed before the
+ * others stepped with it (under bounded staleness they wait for its first
+ * push) leaves them at 2. */
+static void wait_three_seen(const th_proc *p) {
+    if (th_count(p, "[worker 2] joined rank=2 generation=1 world=2 ") > 0 &&
+        th_wait_for(p, "world size 2 -> 3 workers", 30000) != 0)
+        th_dump(p, "the leader never stepped with the third worker");
+}
+
 static void test_kill_worker(void **state) {
     (void)state;
     /* long enough for the third worker, which may join after the start
@@ -267,6 +278,7 @@ static void test_kill_worker(void **state) {
     th_proc p = start_run("killw", job, run, NULL);
     if (th_wait_count(&p, "] joined rank=", 5, 30000) != 0) th_dump(&p, "not 2 ps and 3 workers joined");
     th_expect_output(&p, at_40, 30000);
+    wait_three_seen(&p);
     pid_t victim = pid_of(&p, "worker", 2); /* the leader */
     assert_true(victim > 0);
     kill(victim, SIGKILL);
@@ -291,6 +303,7 @@ static void test_kill_worker(void **state) {
      * before the third worker has joined */
     if (th_wait_count(&b, "] joined rank=", 5, 30000) != 0) th_dump(&b, "not 2 ps and 3 workers joined");
     th_expect_output(&b, at_40, 30000);
+    wait_three_seen(&b);
     victim = pid_of(&b, "worker", 4);
     assert_true(victim > 0);
     kill(victim, SIGKILL);
