@@ -33,10 +33,12 @@
  *
  * The stages' links are CURVE-secured as every job's are by default;
  * --security none runs them in plain TCP (parallel.ring_security), as on a
- * trusted network, where a hand-off is not sealed and opened.
+ * trusted network, where a hand-off is not sealed and opened; --transport
+ * ipc carries them over unix sockets (parallel.transport), as stages on one
+ * host may.
  *
  * usage: bench_pipeline [--steps N] [--warmup W] [--rows R] [--reps K] [--out FILE]
- *                       [--security curve|none]
+ *                       [--security curve|none] [--transport tcp|ipc]
  */
 #include <jansson.h>
 #include <limits.h>
@@ -54,6 +56,7 @@ enum { MAX_STAGES = 4, MAX_MICRO = 16, MAX_STEPS = 64, MAX_REPS = 9 };
 static char bin_dir[PATH_MAX], tmp_dir[64];
 static int steps = 20, warmup = 5, rows = 16, reps = 3;
 static const char *security = "curve"; /* the stages' links: parallel.ring_security */
+static const char *transport = "tcp";  /* and parallel.transport */
 
 /* One stage's intervals in one step. */
 typedef struct {
@@ -86,8 +89,8 @@ static int run_job(const char *dir, const char *strategy, int P, int M, const ch
     const char *cut = P == 2 ? "[8, 9]" : "[4, 4, 4, 5]";
     if (pipeline)
         snprintf(par, sizeof par, "\"strategy\": \"pipeline\", \"stages\": %d, \"micro_batches\": %d, "
-                 "\"schedule\": \"%s\", \"timeline\": true, \"pipeline_stages\": %s, \"ring_security\": \"%s\"", P, M,
-                 sched, cut, security);
+                 "\"schedule\": \"%s\", \"timeline\": true, \"pipeline_stages\": %s, \"ring_security\": \"%s\", "
+                 "\"transport\": \"%s\"", P, M, sched, cut, security, transport);
     else
         snprintf(par, sizeof par, "\"strategy\": \"local\"");
     snprintf(text, sizeof text,
@@ -313,9 +316,11 @@ static int parse_args(int argc, char **argv, char *out, size_t cap) {
         else if (!strcmp(argv[i], "--out") && v) snprintf(out, cap, "%s", argv[++i]);
         else if (!strcmp(argv[i], "--security") && v && (!strcmp(v, "curve") || !strcmp(v, "none")))
             security = argv[++i];
+        else if (!strcmp(argv[i], "--transport") && v && (!strcmp(v, "tcp") || !strcmp(v, "ipc")))
+            transport = argv[++i];
         else {
             fprintf(stderr, "usage: bench_pipeline [--steps N] [--warmup W] [--rows R] [--reps K] [--out FILE] "
-                            "[--security curve|none]\n");
+                            "[--security curve|none] [--transport tcp|ipc]\n");
             return 1;
         }
     }

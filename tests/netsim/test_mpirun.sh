@@ -14,10 +14,22 @@ ns up --nodes 4 --rate 1gbit
 # interfaces), then becomes tessera-run --mpi; the scheduler binds every
 # interface of n0 and names itself by host name (tcp://n0:PORT)
 report='echo "rank $OMPI_COMM_WORLD_RANK on $(hostname) $(hostname -I)"; exec "$0" "$@"'
+# a run that outlives 120 s leaves, before it is killed, the state of each
+# of its processes (what each thread waits in) beside its output
+"$NETSIM" --name "$NAME" mpirun -np 7 sh -c "$report" "$BIN/tessera-run" \
+    --mpi "$SRC/examples/standin.json" --set parallel.bind=0.0.0.0 > "$TMP/mpirun.out" 2>&1 &
+run=$!
+for _ in $(seq 1200); do kill -0 $run 2> /dev/null || break; sleep 0.1; done
+if kill -0 $run 2> /dev/null; then
+    for p in $(pgrep -f "tessera|mpirun|orted" || true); do
+        echo "pid $p: $(tr '\0' ' ' < /proc/$p/cmdline 2> /dev/null | cut -c1-120)"
+        for t in /proc/$p/task/*; do echo "  thread ${t##*/}: $(cat $t/wchan 2> /dev/null) $(cut -d' ' -f3 $t/stat 2> /dev/null)"; done
+    done > "$TMP/processes.txt" 2>&1
+    cat "$TMP/mpirun.out" "$TMP/processes.txt" >&2
+    fail "mpirun did not exit within 120 s (the processes' states: processes.txt)"
+fi
 rc=0
-timeout 120 "$NETSIM" --name "$NAME" mpirun -np 7 sh -c "$report" "$BIN/tessera-run" \
-    --mpi "$SRC/examples/standin.json" --set parallel.bind=0.0.0.0 > "$TMP/mpirun.out" 2>&1 ||
-    rc=$?
+wait $run || rc=$?
 [ $rc -eq 0 ] || { cat "$TMP/mpirun.out" >&2; fail "mpirun exited with status $rc"; }
 
 nodes_seen=""
