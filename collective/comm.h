@@ -7,7 +7,11 @@
  *                  (send holds size * count elements)
  *   allgather      recv[r * count + i] = send[i] of rank r
  *   broadcast      buf of root to every rank (send = recv = buf)
- *   send / recv    count elements to / from one peer, in order per pair
+ *   send / recv    count elements to / from one peer, in order per pair;
+ *                  as MPI_Send, a send may wait until the peer receives
+ *                  (one larger than the queues between them), so two
+ *                  peers that both send first, each then receiving, wait
+ *                  on each other until the timeout: order them
  *   barrier        returns once every rank entered it
  * Reductions are sum, avg (sum / size) and max over f32, f64 and bf16 (bf16
  * values are added in f32; a backend may round partial sums to bf16 between
