@@ -69,6 +69,7 @@ void ts_cluster_scheduler_args(ts_argv *a, const ts_job *job,
     ts_argv_push(a, key_file);
     ts_argv_pushf(a, "--min-workers=%d", p->min_workers);
     ts_argv_pushf(a, "--max-workers=%d", p->max_workers);
+    ts_argv_pushf(a, "--expect-workers=%d", p->workers);
     ts_argv_pushf(a, "--servers=%d", ts_job_ps_processes(job));
     ts_argv_pushf(a, "--heartbeat-ms=%d", p->heartbeat_ms);
     ts_argv_pushf(a, "--heartbeat-timeout-ms=%d", p->heartbeat_timeout_ms);

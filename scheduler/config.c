@@ -15,6 +15,9 @@ static const char USAGE[] =
     "  --key-file PATH            the job's CURVE key file (or TESSERA_KEY_FILE)\n"
     "  --min-workers N            workers the rendezvous waits for (default 1)\n"
     "  --max-workers N            elastic joins stop at N (default min-workers)\n"
+    "  --expect-workers N         workers started with the job: once the minimum\n"
+    "                             joined, the rest get one heartbeat timeout more\n"
+    "                             to join the first generation (default min-workers)\n"
     "  --servers S                parameter servers to wait for (default 0)\n"
     "  --heartbeat-ms N           heartbeat interval told to nodes (default 1000)\n"
     "  --heartbeat-timeout-ms N   silent longer is dead (default 5000)\n"
@@ -45,6 +48,7 @@ static const opt_spec OPTS[] = {
     {"--key-file", OPT_STR, OFF(key_file), 0, 0},
     {"--min-workers", OPT_INT, OFF(min_workers), 0, 100000},
     {"--max-workers", OPT_INT, OFF(max_workers), 0, 100000},
+    {"--expect-workers", OPT_INT, OFF(expect_workers), 0, 100000},
     {"--servers", OPT_INT, OFF(servers), 0, 100000},
     {"--heartbeat-ms", OPT_INT, OFF(heartbeat_ms), 1, 3600000},
     {"--heartbeat-timeout-ms", OPT_INT, OFF(heartbeat_timeout_ms), 1, 3600000},
@@ -93,6 +97,11 @@ static ts_status validate(ts_sched_config *cfg)
     if (cfg->max_workers < cfg->min_workers)
         return ts_error(TS_ERR_VALUE, "tessera-scheduler: --max-workers %d is below "
                         "--min-workers %d", cfg->max_workers, cfg->min_workers);
+    if (cfg->expect_workers < cfg->min_workers)
+        cfg->expect_workers = cfg->min_workers;
+    if (cfg->expect_workers > cfg->max_workers)
+        return ts_error(TS_ERR_VALUE, "tessera-scheduler: --expect-workers %d is above "
+                        "--max-workers %d", cfg->expect_workers, cfg->max_workers);
     if (cfg->min_workers + cfg->servers == 0)
         return ts_error(TS_ERR_VALUE, "tessera-scheduler: --min-workers and --servers "
                         "are both 0: nothing to wait for");
@@ -113,6 +122,7 @@ ts_status ts_sched_config_parse(int argc, char **argv, ts_sched_config *cfg, int
         strcpy(cfg->key_file, env_key);
     cfg->min_workers = 1;
     cfg->max_workers = -1;
+    cfg->expect_workers = -1;
     cfg->heartbeat_ms = 1000;
     cfg->heartbeat_timeout_ms = 5000;
     cfg->barrier_timeout_ms = 30000;

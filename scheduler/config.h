@@ -18,6 +18,9 @@ typedef struct {
     char key_file[TS_SCHED_STR_MAX]; /* the job's CURVE key file */
     int min_workers;                 /* rendezvous waits for this many */
     int max_workers;                 /* elastic joins stop here */
+    int expect_workers;              /* workers started with the job: the
+                                        rendezvous gives those beyond the
+                                        minimum a last call */
     int servers;                     /* parameter servers to wait for */
     int heartbeat_ms;                /* interval nodes are told to use */
     int heartbeat_timeout_ms;        /* silent longer -> dead */

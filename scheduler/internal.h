@@ -78,6 +78,8 @@ struct ts_sched {
     bool worker_completed;      /* some worker finished all steps */
     uint64_t bad_messages;
     uint64_t started_ms;
+    uint64_t last_call_ms;      /* when the rendezvous reached its minimum short of
+                                   the expected workers (0: not yet) */
 
     sched_barrier *barriers;
     sched_released released[SCHED_RELEASED_KEPT];
@@ -136,6 +138,8 @@ void sched_advance(ts_sched *s);
 ts_status sched_roster(ts_sched *s, bool all, ts_proto_member **out, size_t *n);
 /* Rendezvous deadline passed: refuses the waiting joiners and fails. */
 void sched_rendezvous_expired(ts_sched *s);
+/* Starts the job once a rendezvous' last call has run out (each tick). */
+void sched_rendezvous_tick(ts_sched *s);
 void sched_rendezvous_warn(ts_sched *s);
 
 /* barrier.c */

@@ -214,12 +214,28 @@ static void log_generation(ts_sched *s)
                  sched_count(s, NODE_MEMBER, TS_ROLE_WORKER), ranks);
 }
 
-/* Rendezvous complete: generation 1 with servers first, then workers. */
+/* Rendezvous complete: generation 1 with servers first, then workers, once
+ * the servers and the minimum of workers are pending. Fewer than the
+ * workers started with the job (one still loading its data) get a last
+ * call of one heartbeat timeout from the moment the minimum was there, so
+ * that the job does not start with the minimum only to change its world a
+ * moment later. */
 static void try_start(ts_sched *s)
 {
+    size_t workers = sched_count(s, NODE_PENDING, TS_ROLE_WORKER);
     if (sched_count(s, NODE_PENDING, TS_ROLE_PS) < (size_t)s->cfg.servers ||
-        sched_count(s, NODE_PENDING, TS_ROLE_WORKER) < (size_t)s->cfg.min_workers)
+        workers < (size_t)s->cfg.min_workers)
         return;
+    if (workers < (size_t)s->cfg.expect_workers) {
+        uint64_t now = sched_now_ms(s);
+        if (!s->last_call_ms) {
+            s->last_call_ms = now ? now : 1;
+            ts_sched_log(TS_SCHED_INFO, "%zu of %d workers joined, the minimum: waiting up to %d ms "
+                         "for the rest", workers, s->cfg.expect_workers, s->cfg.heartbeat_timeout_ms);
+        }
+        if (now - s->last_call_ms < (uint64_t)s->cfg.heartbeat_timeout_ms)
+            return;
+    }
     s->generation = 1;
     s->phase = PHASE_RUNNING;
     uv_timer_stop(&s->rendezvous);
@@ -423,6 +439,12 @@ void sched_check_liveness(ts_sched *s)
         sched_barriers_recheck(s);
         sched_advance(s);
     }
+}
+
+void sched_rendezvous_tick(ts_sched *s)
+{
+    if (s->phase == PHASE_RENDEZVOUS && s->last_call_ms)
+        try_start(s);
 }
 
 /* Text like "2 of 4 workers and 1 of 2 servers joined". */

@@ -176,6 +176,7 @@ static void on_tick(void *owner)
     ts_sched *s = owner;
     sched_check_liveness(s);
     sched_blob_expire(s);
+    sched_rendezvous_tick(s);
 }
 
 /* Half the rendezvous timeout: a warning; all of it: the job fails. Judged

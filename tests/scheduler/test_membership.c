@@ -1,5 +1,6 @@
-/* test_membership.c - rendezvous, failure detection, rejoin, elastic join at
- * a step boundary and the orderly end of a job, against the real
+/* test_membership.c - rendezvous (with its last call for the workers
+ * started with the job), failure detection, rejoin, elastic join at a step
+ * boundary and the orderly end of a job, against the real
  * tessera-scheduler. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -260,6 +261,74 @@ static void rendezvous_times_out(void **state)
     th_stop(&s);
 }
 
+typedef struct {
+    const th_sched *s;
+    ts_member *m;
+} joiner;
+
+static void *join_worker(void *p)
+{
+    joiner *j = p;
+    j->m = th_join(j->s, TS_ROLE_WORKER, -1, 15000);
+    return NULL;
+}
+
+/* The minimum (1) joined, the second of the two workers started with the
+ * job comes 400 ms later, within the last call: both are in generation 1,
+ * and no second generation follows. */
+static void last_call_gathers_late_worker(void **state)
+{
+    (void)state;
+    th_sched s;
+    th_start(&s, "--min-workers", "1", "--max-workers", "2", "--expect-workers", "2", "--heartbeat-ms", "100",
+             "--heartbeat-timeout-ms", "3000", NULL);
+    joiner first = {&s, NULL};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, join_worker, &first), 0);
+    usleep(400 * 1000);
+    ts_member *second = th_join(&s, TS_ROLE_WORKER, -1, 15000);
+    pthread_join(t, NULL);
+    assert_non_null(first.m);
+    assert_non_null(second);
+    ts_member *both[2] = {first.m, second};
+    for (int i = 0; i < 2; i++) {
+        ts_member_info info;
+        ts_member_info_get(both[i], &info);
+        assert_int_equal(info.generation, 1);
+        ts_proto_member *ros = NULL;
+        size_t n = 0;
+        uint64_t g = 0;
+        assert_int_equal(ts_member_roster(both[i], &ros, &n, &g), TS_OK);
+        assert_int_equal(n, 2);
+        free(ros);
+    }
+    assert_true(th_log_contains(&s, "1 of 2 workers joined, the minimum: waiting up to 3000 ms"));
+    assert_false(th_log_contains(&s, "generation 2"));
+    for (int i = 0; i < 2; i++)
+        ts_member_close(both[i]);
+    th_stop(&s);
+}
+
+/* The second expected worker never comes: the job starts with the minimum
+ * once the last call (one heartbeat timeout) ran out. */
+static void last_call_runs_out(void **state)
+{
+    (void)state;
+    th_sched s;
+    th_start(&s, "--min-workers", "1", "--max-workers", "2", "--expect-workers", "2", "--heartbeat-ms", "100",
+             "--heartbeat-timeout-ms", "800", NULL);
+    long long t0 = th_now_ms();
+    ts_member *m = th_join(&s, TS_ROLE_WORKER, -1, 15000);
+    long long took = th_now_ms() - t0;
+    assert_non_null(m);
+    assert_true(took >= 700 && took < 5000);
+    ts_member_info info;
+    ts_member_info_get(m, &info);
+    assert_int_equal(info.generation, 1);
+    ts_member_close(m);
+    th_stop(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -268,6 +337,8 @@ int main(void)
         cmocka_unit_test(elastic_join_waits_for_step_boundary),
         cmocka_unit_test(job_ends_when_workers_finish),
         cmocka_unit_test(rendezvous_times_out),
+        cmocka_unit_test(last_call_gathers_late_worker),
+        cmocka_unit_test(last_call_runs_out),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
