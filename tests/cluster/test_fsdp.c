@@ -80,14 +80,16 @@ static void test_gpt_checkpointing(void **state) {
     equivalence("gpt-ckpt", "gpt", 3, 2, extras, 1);
 }
 
-/* bf16 compute: gathers carry bf16, gradients reduce in f32 or bf16; the
- * losses track the local bf16 run's (bf16 rounds each rank's gradients). */
+/* bf16 compute: gathers carry bf16, gradients reduce in f32 or bf16 (also
+ * with neighbour copies); the losses track the local bf16 run's (bf16
+ * rounds each rank's gradients). */
 static void test_bf16(void **state) {
     (void)state;
     double want[STEPS + 1], got[STEPS + 1];
     local_losses("gpt-bf16", 8, want);
-    const char *wires[] = {"", ", \"wire_dtype\": \"bf16\""};
-    for (int k = 0; k < 2; k++) {
+    const char *wires[] = {"", ", \"wire_dtype\": \"bf16\"",
+                           ", \"wire_dtype\": \"bf16\", \"fsdp_neighbour_copy\": true"};
+    for (int k = 0; k < 3; k++) {
         char name[64], par[512];
         snprintf(name, sizeof name, "fsdp-bf16-%d", k);
         fsdp_section(par, sizeof par, 2, wires[k]);
