@@ -22,10 +22,11 @@
  *                  final (DDP starts a bucket's all-reduce, PS pushes)
  *     slices       the ranges of parameters, gradients and optimizer state
  *                  this process updates (none when the shards step, PS)
- *     reduce_sq_norm  the squared L2 norm of the job's whole gradient from
- *                  the sum over this process's slices (identity where every
- *                  process holds the whole reduced gradient); the trainer
- *                  clips every slice by it and steps the optimizer on them
+ *     reduce_sq_norm  the squared L2 norm of the job's whole gradient (the
+ *                  sum over this process's slices where every process
+ *                  holds the whole reduced gradient: ts_strategy_sq_norm_here);
+ *                  the trainer clips every slice by it and steps the
+ *                  optimizer on them
  *     end_step     after the optimizer step (PS: wait for the shards)
  *   when asked
  *     reduce_sums  sums n numbers over the data-parallel group, in place
@@ -99,7 +100,7 @@ typedef struct {
     ts_status (*grads)(ts_strategy *s, double *loss, int64_t *samples);
     ts_status (*grads_ready)(ts_strategy *s, int64_t offset, int64_t len);
     void (*slices)(ts_strategy *s, const ts_optim_slice **slices, int *n);
-    ts_status (*reduce_sq_norm)(ts_strategy *s, double local, double *global);
+    ts_status (*reduce_sq_norm)(ts_strategy *s, double *global);
     ts_status (*reduce_sums)(ts_strategy *s, double *v, int n);
     ts_status (*forward)(ts_strategy *s, ts_tensor *x, ts_tensor **out);
     ts_status (*end_step)(ts_strategy *s, int64_t step);
@@ -168,8 +169,11 @@ ts_status ts_strategy_all_units(ts_strategy *s, const ts_model_spec *spec, int *
 /* grads_ready for a strategy with nothing to send during backward. */
 ts_status ts_strategy_ready_nothing(ts_strategy *s, int64_t offset, int64_t len);
 
+/* The squared L2 norm of the gradients of this process's slices. */
+ts_status ts_strategy_slices_sq_norm(ts_strategy *s, double *sum);
+
 /* reduce_sq_norm / reduce_sums where this process alone holds it all. */
-ts_status ts_strategy_sq_norm_here(ts_strategy *s, double local, double *global);
+ts_status ts_strategy_sq_norm_here(ts_strategy *s, double *global);
 ts_status ts_strategy_sums_here(ts_strategy *s, double *v, int n);
 
 /* One slice: the model's whole flat buffers (the trainer's `whole`). */

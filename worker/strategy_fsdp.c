@@ -911,8 +911,7 @@ static void fsdp_slices(ts_strategy *s, const ts_optim_slice **slices, int *n) {
 
 /* The global norm was summed with the step's loss (a collective here could
  * not be redone when a peer dies). */
-static ts_status fsdp_reduce_sq_norm(ts_strategy *s, double local, double *global) {
-    (void)local;
+static ts_status fsdp_reduce_sq_norm(ts_strategy *s, double *global) {
     *global = ((fsdp_strategy *)s)->sq_norm;
     return TS_OK;
 }

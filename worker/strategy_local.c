@@ -47,11 +47,21 @@ void ts_strategy_whole_model(ts_strategy *s, const ts_optim_slice **slices, int 
     *n = 1;
 }
 
-ts_status ts_strategy_sq_norm_here(ts_strategy *s, double local, double *global) {
-    (void)s;
-    *global = local;
-    return TS_OK;
+ts_status ts_strategy_slices_sq_norm(ts_strategy *s, double *sum) {
+    const ts_optim_slice *sl;
+    int n;
+    s->ops->slices(s, &sl, &n);
+    double part;
+    ts_status st = TS_OK;
+    *sum = 0;
+    for (int i = 0; !st && i < n; i++) {
+        st = ts_optim_slice_sq_norm(&sl[i], &part);
+        *sum += part;
+    }
+    return st;
 }
+
+ts_status ts_strategy_sq_norm_here(ts_strategy *s, double *global) { return ts_strategy_slices_sq_norm(s, global); }
 
 ts_status ts_strategy_sums_here(ts_strategy *s, double *v, int n) {
     (void)s, (void)v, (void)n;

@@ -754,14 +754,17 @@ static ts_status pipe_grads_ready(ts_strategy *s, int64_t offset, int64_t len) {
 
 /* The job's gradient norm: the stages' squares summed (the tied weight
  * counted once, on stage 0); replicas hold the same averaged gradients. */
-static ts_status pipe_sq_norm(ts_strategy *s, double local, double *global) {
+static ts_status pipe_sq_norm(ts_strategy *s, double *global) {
     pipe_strategy *p = (pipe_strategy *)s;
+    double local;
+    ts_status st = ts_strategy_slices_sq_norm(s, &local);
+    if (st) return st;
     if (p->tied >= 0 && p->stage == p->P - 1) {
         const ts_param *w = &s->trainer->model->params[p->tied];
         local -= ts_clip_sq_norm(ts_f32(s->trainer->model->flat_grads) + w->offset, w->numel);
     }
     *global = local;
-    ts_status st = ts_comm_allreduce(p->pipe, global, global, 1, TS_F64, TS_REDUCE_SUM);
+    st = ts_comm_allreduce(p->pipe, global, global, 1, TS_F64, TS_REDUCE_SUM);
     if (st) {
         p->at_what = "gradient norm";
         p->in_step = true;

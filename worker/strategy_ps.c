@@ -225,8 +225,7 @@ static void ps_slices(ts_strategy *s, const ts_optim_slice **slices, int *n) {
     *n = 0; /* the shards step */
 }
 
-static ts_status ps_sq_norm(ts_strategy *s, double local, double *global) {
-    (void)local;
+static ts_status ps_sq_norm(ts_strategy *s, double *global) {
     *global = ((ps_strategy *)s)->sq_norm;
     return TS_OK;
 }

@@ -366,13 +366,8 @@ ts_status ts_trainer_apply(ts_trainer *t, double *lr, double *grad_norm) {
     const ts_optim_slice *sl;
     int n;
     s->ops->slices(s, &sl, &n);
-    double sq = 0, part;
-    ts_status st = TS_OK;
-    for (int i = 0; !st && i < n; i++) {
-        st = ts_optim_slice_sq_norm(&sl[i], &part);
-        sq += part;
-    }
-    if (!st) st = s->ops->reduce_sq_norm(s, sq, &sq);
+    double sq;
+    ts_status st = s->ops->reduce_sq_norm(s, &sq);
     if (st) return st;
     *grad_norm = sqrt(sq);
     double clip = t->job.optimizer.clip_norm;
