@@ -47,7 +47,9 @@
  * letting the optimizer step the copy with the rank's own shards (the
  * copy's slices follow them; clipping scales both by the global norm of
  * the own shards). A shard whose holder died is then moved from its copy,
- * at the step the survivors reached.
+ * at the step the survivors reached - when they reached one: a death
+ * inside the step's sums can let one survivor finish the step and not
+ * the others, and ranks a step apart reload the checkpoint.
  * Checkpoints are sharded (fsdp_checkpoint.h): every rank writes its file
  * into the step's temp folder, the leader commits it once all have.
  *

@@ -215,6 +215,20 @@ static void test_kill_worker(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Whether the "step N abandoned" lines of a run's output name more than
+ * one step (the ranks stood at different steps when a peer died). */
+static bool abandoned_steps_differ(const char *out) {
+    long first = -1;
+    for (const char *p = strstr(out, "] step "); p; p = strstr(p + 1, "] step ")) {
+        char *end;
+        long n = strtol(p + 7, &end, 10);
+        if (strncmp(end, " abandoned", 10) != 0) continue;
+        if (first >= 0 && n != first) return true;
+        first = n;
+    }
+    return false;
+}
+
 /* With parallel.fsdp_neighbour_copy, kill -9 of one of 4 workers mid-step
  * loses no step: the survivors rebuild its shards from the copy its ring
  * neighbour kept (no checkpoint is reloaded) and go on at 3 from the step
@@ -242,23 +256,39 @@ static void test_kill_worker_copy(void **state) {
     assert_non_null(at);
     snprintf(job_text, sizeof job_text, "%.*s\"keep_checkpoints\": 100, %s", (int)(at - text), text, at);
     free(text);
-    const char *job = th_write("fsdp-copy.json", job_text), *dir = th_path("fsdp-copy");
-    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
-    th_proc run = th_start("fsdp-copy", argv);
-    if (th_wait_for(&run, "0 servers, 4 workers [", 60000) != 0) th_dump(&run, "no generation of 4");
-    if (th_wait_count(&run, "/160 |", th_count(&run, "/160 |") + 25, 60000) != 0)
-        th_dump(&run, "no 25 steps at 4 workers");
-    pid_t victim = -1;
-    assert_true(th_joined_worker(&run, 2, &victim) >= 0);
-    kill(victim, SIGKILL);
-    if (th_wait_for(&run, "world size 4 -> 3 workers", 15000) != 0) th_dump(&run, "no new generation of 3");
-    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after losing a worker");
-    if (th_count(&run, "a shard was lost") > 0) th_dump(&run, "a checkpoint was reloaded although a copy was kept");
-    char *out = th_output(&run);
-    const char *rebuilt = strstr(out, "rebuilt from this rank's copy at step ");
-    long s = rebuilt ? atol(rebuilt + strlen("rebuilt from this rank's copy at step ")) : -1;
-    free(out);
-    if (s < 10 || s >= STEPS_K) th_dump(&run, "no shard rebuilt from a copy mid-run");
+    /* a death inside a step's last collective may leave the survivors one
+     * step apart (one finished the step, the others did not): then they
+     * reload the checkpoint, as without copies. Such a try is run again,
+     * up to three times; any other reload fails the test. */
+    const char *dir = NULL;
+    long s = -1;
+    for (int attempt = 0; s < 0; attempt++) {
+        char name[64], file[80];
+        snprintf(name, sizeof name, "fsdp-copy-%d", attempt);
+        snprintf(file, sizeof file, "%s.json", name);
+        const char *job = th_write(file, job_text);
+        dir = th_path(name);
+        const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
+        th_proc run = th_start(name, argv);
+        if (th_wait_for(&run, "0 servers, 4 workers [", 60000) != 0) th_dump(&run, "no generation of 4");
+        if (th_wait_count(&run, "/160 |", th_count(&run, "/160 |") + 25, 60000) != 0)
+            th_dump(&run, "no 25 steps at 4 workers");
+        pid_t victim = -1;
+        assert_true(th_joined_worker(&run, 2, &victim) >= 0);
+        kill(victim, SIGKILL);
+        if (th_wait_for(&run, "world size 4 -> 3 workers", 15000) != 0) th_dump(&run, "no new generation of 3");
+        if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after losing a worker");
+        char *out = th_output(&run);
+        const char *rebuilt = strstr(out, "rebuilt from this rank's copy at step ");
+        if (rebuilt) s = atol(rebuilt + strlen("rebuilt from this rank's copy at step "));
+        bool apart = abandoned_steps_differ(out);
+        free(out);
+        if (th_count(&run, "a shard was lost") > 0 && (!apart || attempt == 2))
+            th_dump(&run, "a checkpoint was reloaded although a copy was kept");
+        if (!rebuilt && !apart) th_dump(&run, "no shard rebuilt from a copy mid-run");
+        if (!rebuilt) fprintf(stderr, "try %d: the survivors were a step apart; again\n", attempt);
+    }
+    if (s < 10 || s >= STEPS_K) fail_msg("the shard was rebuilt at step %ld, not mid-run", s);
     double got[STEPS_K + 1], to_s[STEPS_K + 1], on[STEPS_K + 1];
     assert_int_equal(th_losses(dir, got, STEPS_K), STEPS_K);
 
