@@ -37,7 +37,7 @@ static ts_status cut_after(const char *path, int64_t last) {
         return s;
     }
     if (dropped)
-        printf("metrics: %lld lines of steps after %lld (from the run that stopped) dropped from %s\n",
+        printf("metrics: %lld lines of steps after %lld dropped from %s (those steps are logged again)\n",
                (long long)dropped, (long long)last, path);
     return ts_io_atomic_commit(&out);
 }

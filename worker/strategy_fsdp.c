@@ -47,9 +47,9 @@
  * letting the optimizer step the copy with the rank's own shards (the
  * copy's slices follow them; clipping scales both by the global norm of
  * the own shards). A shard whose holder died is then moved from its copy,
- * at the step the survivors reached - when they reached one: a death
- * inside the step's sums can let one survivor finish the step and not
- * the others, and ranks a step apart reload the checkpoint.
+ * at the step the survivors reached. A death inside a step's sums can let
+ * some survivors take the step and not the others: the ones behind take
+ * it in the regroup from the gradients they hold (roll_forward).
  * Checkpoints are sharded (fsdp_checkpoint.h): every rank writes its file
  * into the step's temp folder, the leader commits it once all have.
  *
@@ -159,11 +159,14 @@ struct fsdp_strategy {
     ts_optim_slice *slices;  /* this rank's shards', then the copy's */
     int n_slices, n_copy_slices;
     int *unit_of;            /* per parameter: its unit */
-    double sq_norm;          /* the step's global squared gradient norm */
+    double sq_norm;          /* the global squared gradient norm of the step summed last */
+    double loss;             /* and its loss */
+    bool holds_next;         /* the step's sums failed: the shards' gradients are step + 1's, reduced */
     int64_t reductions;      /* reductions started so far */
     bool sharded;            /* the shard buffers hold the state (else the model does) */
     bool invalid;            /* a failed reload left them holding nothing of use */
     int64_t shard_generation; /* the generation the shards were laid out in */
+    int64_t split_at;        /* TESSERA_FAULT's step (injected_split), or -1 */
 };
 
 /* ---- units ---- */
@@ -570,6 +573,19 @@ static ts_status fsdp_grads_ready(ts_strategy *s, int64_t offset, int64_t len) {
     return st;
 }
 
+/* After an optimizer step the shards changed: every gathered unit is old.
+ * With bf16 compute the optimizer's sync of the bf16 copy wrote the whole
+ * compute buffer, whose units are given back: their pages go again. */
+static void units_stale(fsdp_strategy *f) {
+    for (int k = 0; k < f->n_units; k++) release(&f->units[k]);
+    size_t es;
+    char *base = compute_base(f, &es);
+    for (int k = 0; f->mode == TS_FSDP_FULL && es == 2 && k < f->n_units; k++) {
+        ts_alloc_recommit(base + f->units[k].lo * es, (size_t)f->units[k].len * es);
+        ts_alloc_decommit(base + f->units[k].lo * es, (size_t)f->units[k].len * es);
+    }
+}
+
 /* ---- generations and state ---- */
 
 /* Waits for the units' collectives (the communicator was aborted), frees
@@ -588,12 +604,14 @@ static void drop_units(ts_strategy *s) {
     if (s->trainer->model) ts_model_zero_grad(s->trainer->model);
 }
 
-/* What each rank brings to a regroup. */
+/* What each rank brings to a regroup (8-byte fields: gathered as i64). */
 typedef struct {
     int64_t generation;     /* of its shards (0: it holds the whole model) */
     int64_t shard, shards;  /* its shard and the shard count then */
     int64_t copy_of;        /* the shard its valid copy holds, or -1 */
     int64_t step, total_steps, epoch, offset;
+    int64_t holds_next;     /* 1: its sums of step + 1 failed, its reduced gradients are kept */
+    double loss, sq_norm;   /* the sums of its last step taken */
 } rank_state;
 
 /* The most shards a regroup moves. */
@@ -621,6 +639,39 @@ static bool find_holders(const rank_state *all, int world, int64_t newest, int o
     for (int q = 0; q < old_shards; q++)
         if (holder[q] < 0) return false;
     return true;
+}
+
+/* A death inside a step's sums (the last collective of try_step) can let
+ * some ranks finish the step while the sums fail on the others: ranks of
+ * the newest generation then stand a step apart. The ones behind still
+ * hold that step's reduced gradients (their shards' and their copy's), and
+ * a rank ahead brought the step's loss and global norm: they take the step
+ * now, as it would have ended (rank_state holds_next), and every rank
+ * counts them as ahead (their step and data position). */
+static ts_status roll_forward(fsdp_strategy *f, rank_state *all, int world, int64_t newest) {
+    ts_trainer *t = f->base.trainer;
+    int ahead = -1;
+    for (int r = 0; r < world; r++)
+        if (all[r].generation == newest && (ahead < 0 || all[r].step > all[ahead].step)) ahead = r;
+    for (int r = 0; ahead >= 0 && r < world; r++) {
+        rank_state *a = &all[r];
+        if (a->generation != newest || !a->holds_next || a->step + 1 != all[ahead].step) continue;
+        a->step = all[ahead].step;
+        a->epoch = all[ahead].epoch;
+        a->offset = all[ahead].offset;
+        if (r != f->base.group.rank) continue;
+        ts_step_stats s = {.loss = all[ahead].loss};
+        f->sq_norm = all[ahead].sq_norm;
+        ts_status st = ts_trainer_apply(t, &s.lr, &s.grad_norm);
+        if (st) return st;
+        units_stale(f);
+        printf("fsdp: step %lld taken from the reduced gradients this rank held (its sums failed; a peer's "
+               "completed)\n", (long long)t->step);
+        s.step = t->step;
+        s.mem_bytes = ts_alloc_get_stats().allocated;
+        if ((st = ts_trainer_log_step(t, &s))) return st;
+    }
+    return TS_OK;
 }
 
 /* Cuts this rank's shards out of the model's whole buffers (parameters and
@@ -774,7 +825,9 @@ static ts_status agree(ts_strategy *s) {
     ts_loader_pos pos = ts_dp_group_position(&f->g);
     rank_state mine = {.generation = f->invalid ? -1 : f->sharded ? f->shard_generation : 0, .shard = f->me,
                        .shards = f->shards, .copy_of = f->copy.valid ? f->copy.of : -1,
-                       .step = t->step, .total_steps = t->total_steps, .epoch = pos.epoch, .offset = pos.offset};
+                       .step = t->step, .total_steps = t->total_steps, .epoch = pos.epoch, .offset = pos.offset,
+                       .holds_next = f->holds_next && f->sharded, .loss = f->loss, .sq_norm = f->sq_norm};
+    f->holds_next = false;
     rank_state *all = calloc((size_t)world, sizeof *all);
     if (!all) return ts_error(TS_ERR_MEMORY, "fsdp: out of memory for %d ranks' states", world);
     enum { N = sizeof(rank_state) / sizeof(int64_t) };
@@ -782,20 +835,24 @@ static ts_status agree(ts_strategy *s) {
     int64_t newest = 0;
     for (int r = 0; r < world; r++)
         if (all[r].generation > newest) newest = all[r].generation;
+    int holder[MAX_SHARDS];
+    bool from_copy[MAX_SHARDS];
+    int old_shards = 0;
+    for (int r = 0; r < world; r++)
+        if (all[r].generation == newest) old_shards = (int)all[r].shards;
+    bool complete = find_holders(all, world, newest, old_shards, holder, from_copy);
+    /* ranks a step apart, every shard there to move: the ones behind catch up */
+    if (!st && complete) st = roll_forward(f, all, world, newest);
     /* who holds what: the whole model at one step (a start), or every shard
      * of the newest generation (its holder's, or a copy) at one step */
     bool whole = true, same = true;
-    int old_shards = 0, first = -1;
+    int first = -1;
     for (int r = 0; r < world; r++) {
         if (all[r].generation != newest) continue;
         if (first < 0) first = r;
         same = same && all[r].step == all[first].step;
         whole = whole && all[r].generation == 0;
-        old_shards = (int)all[r].shards;
     }
-    int holder[MAX_SHARDS];
-    bool from_copy[MAX_SHARDS];
-    bool complete = find_holders(all, world, newest, old_shards, holder, from_copy);
     bool any_invalid = false;
     for (int r = 0; r < world; r++) any_invalid = any_invalid || all[r].generation < 0;
     whole = whole && first >= 0 && same && !any_invalid;
@@ -869,9 +926,30 @@ static ts_status fsdp_attach(ts_strategy *s) {
     return TS_OK;
 }
 
+/* Fault injection for the tests, TESSERA_FAULT="fsdp_sums_split@K" in a
+ * group of three or more: rank 0 drops its sums of step K as if a peer
+ * had died inside them, and the group's last rank exits as soon as it took
+ * step K. The survivors then stand a step apart, the case roll_forward
+ * settles, which a kill -9 hits only by chance. Called where a step
+ * begins (beginning) and where its sums succeeded. */
+static ts_status injected_split(fsdp_strategy *f, bool beginning) {
+    const ts_group *g = &f->base.group;
+    int64_t taken = f->base.trainer->step;
+    if (f->split_at < 0 || g->world < 3) return TS_OK;
+    if (beginning && g->rank == g->world - 1 && taken == f->split_at) {
+        printf("fsdp: TESSERA_FAULT: rank %d exits after step %lld\n", g->rank, (long long)taken);
+        fflush(stdout);
+        _exit(3);
+    }
+    if (beginning || g->rank != 0 || taken + 1 != f->split_at) return TS_OK;
+    f->split_at = -1;
+    return ts_error(TS_ERR_PEER, "fsdp: TESSERA_FAULT: rank 0 drops its sums of step %lld", (long long)taken + 1);
+}
+
 static ts_status fsdp_begin_step(ts_strategy *s, int64_t step) {
     (void)step;
-    return ts_dp_group_begin_step(&((fsdp_strategy *)s)->g);
+    ts_status st = injected_split((fsdp_strategy *)s, true);
+    return st ? st : ts_dp_group_begin_step(&((fsdp_strategy *)s)->g);
 }
 
 /* One try at the step's gradient shards, the loss and samples summed over
@@ -894,11 +972,16 @@ static ts_status try_step(ts_strategy *s, double *loss, int64_t *samples) {
     double sums[3] = {*loss, (double)*samples, f->shards == 1 ? 0 : sq};
     ts_comm_op op = {.kind = TS_COMM_ALLREDUCE, .send = sums, .recv = sums, .count = 3, .dtype = TS_F64,
                      .op = TS_REDUCE_SUM, .step = s->trainer->step + 1};
+    /* the optimizer steps next: when the sums fail here, a peer may have them and step */
+    f->holds_next = true;
     st = ts_dp_group_run(&f->g, &op);
-    *loss = sums[0] / s->group.world;
+    if (!st) st = injected_split(f, false);
+    if (st) return st;
+    f->holds_next = false;
+    *loss = f->loss = sums[0] / s->group.world;
     *samples = (int64_t)sums[1];
     f->sq_norm = f->shards == 1 ? sq : sums[2];
-    return st;
+    return TS_OK;
 }
 
 static ts_status fsdp_grads(ts_strategy *s, double *loss, int64_t *samples) {
@@ -926,19 +1009,9 @@ static ts_status fsdp_recover(ts_strategy *s, ts_status failed, bool test, bool 
     return ts_dp_group_recover(&((fsdp_strategy *)s)->g, failed, test, again);
 }
 
-/* After the optimizer step the shards changed: every gathered copy is old. */
 static ts_status fsdp_end_step(ts_strategy *s, int64_t step) {
-    fsdp_strategy *f = (fsdp_strategy *)s;
-    for (int k = 0; k < f->n_units; k++) release(&f->units[k]);
-    /* bf16 compute: the optimizer's sync of the bf16 copy wrote the whole
-     * compute buffer, whose units are given back: let their pages go */
-    size_t es;
-    char *base = compute_base(f, &es);
-    for (int k = 0; f->mode == TS_FSDP_FULL && es == 2 && k < f->n_units; k++) {
-        ts_alloc_recommit(base + f->units[k].lo * es, (size_t)f->units[k].len * es);
-        ts_alloc_decommit(base + f->units[k].lo * es, (size_t)f->units[k].len * es);
-    }
-    return ts_dp_group_end_step(&f->g, step);
+    units_stale((fsdp_strategy *)s);
+    return ts_dp_group_end_step(&((fsdp_strategy *)s)->g, step);
 }
 
 /* The leader's commit once every rank wrote its file: the checkpoint of
@@ -1048,6 +1121,9 @@ ts_strategy *ts_strategy_fsdp_new(const ts_strategy_options *o) {
     /* under mpirun a death ends the job: a copy would never be used */
     f->copying = o->job->parallel.fsdp_neighbour_copy && !o->mpi_comm;
     f->copy.of = f->prev_copy.of = -1;
+    const char *fault = getenv("TESSERA_FAULT");
+    long long k;
+    f->split_at = fault && sscanf(fault, "fsdp_sums_split@%lld", &k) == 1 && k > 0 ? k : -1;
     static const ts_dp_group_hooks hooks = {.drop = drop_units, .agree = agree, .try_step = try_step};
     if (ts_dp_group_open(&f->g, &f->base, "fsdp", o, &hooks)) {
         free(f);

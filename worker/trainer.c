@@ -428,6 +428,15 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s) {
     return TS_OK;
 }
 
+ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s) {
+    if (!t->strategy->group.leader) return TS_OK;
+    if (!t->metrics && t->run_dir[0] && !(t->metrics = ts_metrics_open(t->run_dir, s->step - 1)))
+        return ts_last_status();
+    if (s->step % t->job.train.log_every == 0 || s->step == t->total_steps)
+        ts_metrics_step(t->metrics, s, t->total_steps);
+    return TS_OK;
+}
+
 /* ---- evaluation ---- */
 
 /* Adds the batch's summed loss, correct predictions, scored targets and
@@ -571,14 +580,7 @@ ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop) {
             /* failed, or the job ended before a step (a regroup may also
              * have moved the job back, so the step count tells nothing) */
             if (st || !s.taken) break;
-            /* a worker that became the group's leader (the old one left) takes over the metrics */
-            if (t->strategy->group.leader && !t->metrics && t->run_dir[0] &&
-                !(t->metrics = ts_metrics_open(t->run_dir, t->step))) {
-                st = ts_last_status();
-                break;
-            }
-            if (t->strategy->group.leader && (t->step % tr->log_every == 0 || t->step == t->total_steps))
-                ts_metrics_step(t->metrics, &s, t->total_steps);
+            if ((st = ts_trainer_log_step(t, &s))) break;
             if (tr->eval_every && t->step % tr->eval_every == 0 && t->step < t->total_steps) st = run_eval(t, false);
             if (!st && tr->checkpoint_every && t->step % tr->checkpoint_every == 0)
                 st = ts_trainer_save(t, ckpt, sizeof ckpt);

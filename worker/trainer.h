@@ -125,6 +125,12 @@ ts_status ts_trainer_follow_group(ts_trainer *t);
 /* One step through the strategy (begin_step, grads, apply, end_step), timed. */
 ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s);
 
+/* Logs step s (stdout and metrics.jsonl) where this rank leads the group,
+ * every train.log_every steps and the last. A worker that became the
+ * leader since the metrics were opened (the old one left) takes them over,
+ * cut after the step before s (the old leader may have logged s). */
+ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s);
+
 /* Loss and accuracy (or bits per byte) on the validation set, or the test
  * set, in eval mode and without gradients; max_batches 0 = all. */
 ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval_stats *e);

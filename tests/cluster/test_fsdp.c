@@ -7,8 +7,10 @@
  * W = 3 and in one process with the losses of a run that never stopped;
  * the sharded checkpoint consolidates into one safetensors file that
  * --eval reads; a worker killed -9 mid-step is survived and the final
- * checkpoint evaluates; a worker that joins gets its shards from the
- * others. Run one scenario by name: cluster_test_fsdp <name>. */
+ * checkpoint evaluates; with neighbour copies no step is lost, also when
+ * the death falls inside a step's sums (made certain by TESSERA_FAULT); a
+ * worker that joins gets its shards from the others. Run one scenario by
+ * name: cluster_test_fsdp test_<name>. */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -215,115 +217,121 @@ static void test_kill_worker(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
-/* Whether the "step N abandoned" lines of a run's output name more than
- * one step (the ranks stood at different steps when a peer died). */
-static bool abandoned_steps_differ(const char *out) {
-    long first = -1;
-    for (const char *p = strstr(out, "] step "); p; p = strstr(p + 1, "] step ")) {
-        char *end;
-        long n = strtol(p + 7, &end, 10);
-        if (strncmp(end, " abandoned", 10) != 0) continue;
-        if (first >= 0 && n != first) return true;
-        first = n;
-    }
-    return false;
-}
+enum { STEPS_K = 160 };
 
-/* With parallel.fsdp_neighbour_copy, kill -9 of one of 4 workers mid-step
- * loses no step: the survivors rebuild its shards from the copy its ring
- * neighbour kept (no checkpoint is reloaded) and go on at 3 from the step
- * they had reached, S. The losses equal those of a run without copies
- * that went from the last checkpoint C before S to S at 4 workers and on
- * from S at 3 (C + 1 .. S: the copies change nothing; after S: the rebuilt
- * shards are the lost ones); the final checkpoint evaluates. The small GPT:
- * tied weights, and clipping, which scales the copy's gradients by the
- * global norm as its holder did. */
-static void test_kill_worker_copy(void **state) {
-    (void)state;
-    enum { STEPS_K = 160 };
+/* Starts the job of the neighbour-copy tests, name: the small GPT at 4
+ * workers with copies, STEPS_K steps, every checkpoint kept; waits for 25
+ * steps of the generation of 4. */
+static th_proc start_copy_run(const char *name) {
     const char *copy = ", \"min_workers\": 2, \"fsdp_neighbour_copy\": true";
     char par[512];
     fsdp_section(par, sizeof par, 4, copy);
-    /* the job file of the other runs, keeping every checkpoint */
     char *text = NULL;
     size_t len = 0;
-    FILE *in = fopen(th_job_file("fsdp-copy", "gpt", STEPS_K, 4, 1, par), "r");
+    FILE *in = fopen(th_job_file(name, "gpt", STEPS_K, 4, 1, par), "r");
     assert_non_null(in);
     assert_int_equal(getdelim(&text, &len, '\0', in) > 0, 1);
     fclose(in);
-    char job_text[8192];
+    char job_text[8192], file[80];
     const char *at = strstr(text, "\"checkpoint_every\": 10");
     assert_non_null(at);
     snprintf(job_text, sizeof job_text, "%.*s\"keep_checkpoints\": 100, %s", (int)(at - text), text, at);
     free(text);
-    /* a death inside a step's last collective may leave the survivors one
-     * step apart (one finished the step, the others did not): then they
-     * reload the checkpoint, as without copies. Such a try is run again,
-     * up to three times; any other reload fails the test. */
-    const char *dir = NULL;
-    long s = -1;
-    for (int attempt = 0; s < 0; attempt++) {
-        char name[64], file[80];
-        snprintf(name, sizeof name, "fsdp-copy-%d", attempt);
-        snprintf(file, sizeof file, "%s.json", name);
-        const char *job = th_write(file, job_text);
-        dir = th_path(name);
-        const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
-        th_proc run = th_start(name, argv);
-        if (th_wait_for(&run, "0 servers, 4 workers [", 60000) != 0) th_dump(&run, "no generation of 4");
-        if (th_wait_count(&run, "/160 |", th_count(&run, "/160 |") + 25, 60000) != 0)
-            th_dump(&run, "no 25 steps at 4 workers");
-        pid_t victim = -1;
-        assert_true(th_joined_worker(&run, 2, &victim) >= 0);
-        kill(victim, SIGKILL);
-        if (th_wait_for(&run, "world size 4 -> 3 workers", 15000) != 0) th_dump(&run, "no new generation of 3");
-        if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after losing a worker");
-        char *out = th_output(&run);
-        const char *rebuilt = strstr(out, "rebuilt from this rank's copy at step ");
-        if (rebuilt) s = atol(rebuilt + strlen("rebuilt from this rank's copy at step "));
-        bool apart = abandoned_steps_differ(out);
-        free(out);
-        if (th_count(&run, "a shard was lost") > 0 && (!apart || attempt == 2))
-            th_dump(&run, "a checkpoint was reloaded although a copy was kept");
-        if (!rebuilt && !apart) th_dump(&run, "no shard rebuilt from a copy mid-run");
-        if (!rebuilt) fprintf(stderr, "try %d: the survivors were a step apart; again\n", attempt);
-    }
+    snprintf(file, sizeof file, "%s.json", name);
+    const char *job = th_write(file, job_text);
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path(name), NULL};
+    th_proc run = th_start(name, argv);
+    if (th_wait_for(&run, "0 servers, 4 workers [", 60000) != 0) th_dump(&run, "no generation of 4");
+    if (th_wait_count(&run, "/160 |", th_count(&run, "/160 |") + 25, 60000) != 0)
+        th_dump(&run, "no 25 steps at 4 workers");
+    return run;
+}
+
+/* Waits for a copy run that lost a worker to end, and checks that no step
+ * was lost: a shard was rebuilt from a copy at the step S the survivors
+ * reached, no checkpoint was reloaded, and the losses equal those of a run
+ * without copies that went from the last checkpoint C before S to S at 4
+ * workers and on from S at 3 (C + 1 .. S: the copies change nothing; after
+ * S: the rebuilt shards are the lost ones); the final checkpoint
+ * evaluates. Returns S. */
+static long expect_no_step_lost(th_proc *run, const char *name) {
+    const char *dir = th_path(name);
+    if (th_wait(run, 240000) != 0) th_dump(run, "tessera-run did not exit 0 after losing a worker");
+    if (th_count(run, "a shard was lost") > 0) th_dump(run, "a checkpoint was reloaded although a copy was kept");
+    char *out = th_output(run);
+    const char *rebuilt = strstr(out, "rebuilt from this rank's copy at step ");
+    long s = rebuilt ? atol(rebuilt + strlen("rebuilt from this rank's copy at step ")) : -1;
+    free(out);
+    if (s < 0) th_dump(run, "no shard rebuilt from a copy mid-run");
     if (s < 10 || s >= STEPS_K) fail_msg("the shard was rebuilt at step %ld, not mid-run", s);
     double got[STEPS_K + 1], to_s[STEPS_K + 1], on[STEPS_K + 1];
     assert_int_equal(th_losses(dir, got, STEPS_K), STEPS_K);
 
-    /* the reference: from the last checkpoint C at or before S to S at 4
-     * without copies, then on at 3 */
     long c = s / 10 * 10;
-    char path[4400], cmd[9000];
+    char path[4400], cmd[9000], to[128], go_on[128], par[512];
     for (; c > 0; c -= 10) {
         snprintf(path, sizeof path, "%s/checkpoints/step-%ld", dir, c);
         if (access(path, F_OK) == 0) break;
     }
     assert_true(c > 0);
-    th_copy_run(dir, th_path("fsdp-copy-to-s"));
+    snprintf(to, sizeof to, "%s-to-s", name);
+    snprintf(go_on, sizeof go_on, "%s-on", name);
+    th_copy_run(dir, th_path(to));
     snprintf(cmd, sizeof cmd,
              "cd '%s/checkpoints' && for d in step-*; do [ \"${d#step-}\" -le %ld ] || rm -rf \"$d\"; done",
-             th_path("fsdp-copy-to-s"), c);
+             th_path(to), c);
     assert_int_equal(system(cmd), 0);
     fsdp_section(par, sizeof par, 4, "");
-    th_run_job("fsdp-copy-to-s", "gpt", (int)s, 4, 1, par, true, to_s);
-    th_expect_same(got, to_s, (int)c + 1, (int)s, "the steps before the kill, against a run without copies");
-    th_copy_run(th_path("fsdp-copy-to-s"), th_path("fsdp-copy-on"));
+    th_run_job(to, "gpt", (int)s, 4, 1, par, true, to_s);
+    th_expect_same(got, to_s, (int)c + 1, (int)s, "the steps before the loss, against a run without copies");
+    th_copy_run(th_path(to), th_path(go_on));
     fsdp_section(par, sizeof par, 3, "");
-    th_run_job("fsdp-copy-on", "gpt", STEPS_K, 4, 1, par, true, on);
+    th_run_job(go_on, "gpt", STEPS_K, 4, 1, par, true, on);
     th_expect_same(got, on, (int)s + 1, STEPS_K, "the steps after the rebuild, against a run that lost no worker");
 
-    char ckpt[4300];
+    char ckpt[4300], tag[128];
     snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-%d", dir, STEPS_K);
+    snprintf(tag, sizeof tag, "%s-eval", name);
     const char *eargv[] = {"tessera-run", "--eval", ckpt, NULL};
-    char *evaluated = run_tool("fsdp-copy-eval", eargv);
+    char *evaluated = run_tool(tag, eargv);
     const char *a = strstr(evaluated, "loss ");
     if (!a || !(atof(a + 5) < 0.8 * got[1]))
         fail_msg("the final checkpoint evaluates no better than 0.8 x the first step's loss %.4f:\n%s", got[1],
                  evaluated);
     free(evaluated);
     assert_int_equal(th_leftovers(), 0);
+    return s;
+}
+
+/* With parallel.fsdp_neighbour_copy, kill -9 of one of 4 workers mid-step
+ * loses no step: the survivors rebuild its shards from the copy its ring
+ * neighbour kept (no checkpoint is reloaded) and go on at 3 from the step
+ * they reached. The small GPT: tied weights, and clipping, which scales
+ * the copy's gradients by the global norm as its holder did. */
+static void test_kill_worker_copy(void **state) {
+    (void)state;
+    th_proc run = start_copy_run("fsdp-copy");
+    pid_t victim = -1;
+    assert_true(th_joined_worker(&run, 2, &victim) >= 0);
+    kill(victim, SIGKILL);
+    if (th_wait_for(&run, "world size 4 -> 3 workers", 15000) != 0) th_dump(&run, "no new generation of 3");
+    expect_no_step_lost(&run, "fsdp-copy");
+}
+
+/* A death inside a step's sums, made certain (TESSERA_FAULT): rank 0's
+ * sums of step 45 fail while ranks 1 and 2 take the step, and rank 3
+ * exits. Rank 0, behind, takes step 45 from the gradients it held (and
+ * logs it: it leads), the shards of rank 3 come from rank 2's copy, and no
+ * step is lost. */
+static void test_sums_split(void **state) {
+    (void)state;
+    setenv("TESSERA_FAULT", "fsdp_sums_split@45", 1);
+    th_proc run = start_copy_run("fsdp-split");
+    unsetenv("TESSERA_FAULT");
+    long s = expect_no_step_lost(&run, "fsdp-split");
+    assert_int_equal(s, 45);
+    if (th_count(&run, "fsdp: step 45 taken from the reduced gradients this rank held") != 1)
+        th_dump(&run, "rank 0 did not take step 45 from the gradients it held");
 }
 
 /* Starts `tessera-run --join` (output tagged tag) for the job file job
@@ -409,6 +417,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gpt_2),  cmocka_unit_test(test_gpt_4),      cmocka_unit_test(test_cnn_2),
         cmocka_unit_test(test_cnn_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_reshard), cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_kill_worker_copy),
+        cmocka_unit_test(test_sums_split),
         cmocka_unit_test(test_kill_in_eval),
         cmocka_unit_test(test_join_during_move),
         cmocka_unit_test(test_join),
