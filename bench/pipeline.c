@@ -35,10 +35,13 @@
  * --security none runs them in plain TCP (parallel.ring_security), as on a
  * trusted network, where a hand-off is not sealed and opened; --transport
  * ipc carries them over unix sockets (parallel.transport), as stages on one
- * host may.
+ * host may. --chunks V > 1 runs interleaved 1F1B (parallel.chunks_per_stage:
+ * the layers cut into P x V equal pieces, stage s holding pieces s, s + P,
+ * ...) against its theory (P - 1) / (VM + P - 1), M = 4, 8, 16 only (M must
+ * be a multiple of P), and skips 3.
  *
  * usage: bench_pipeline [--steps N] [--warmup W] [--rows R] [--reps K] [--out FILE]
- *                       [--security curve|none] [--transport tcp|ipc]
+ *                       [--security curve|none] [--transport tcp|ipc] [--chunks V]
  */
 #include <jansson.h>
 #include <limits.h>
@@ -51,10 +54,11 @@
 #include "bench_util.h"
 #include "sharding/schedule.h"
 
-enum { MAX_STAGES = 4, MAX_MICRO = 16, MAX_STEPS = 64, MAX_REPS = 9 };
+enum { MAX_STAGES = 4, MAX_MICRO = 16, MAX_CHUNKS = 2, MAX_STEPS = 64, MAX_REPS = 9 };
+enum { MAX_OPS = 2 * MAX_CHUNKS * MAX_MICRO };
 
 static char bin_dir[PATH_MAX], tmp_dir[64];
-static int steps = 20, warmup = 5, rows = 16, reps = 3;
+static int steps = 20, warmup = 5, rows = 16, reps = 3, chunks = 1;
 static const char *security = "curve"; /* the stages' links: parallel.ring_security */
 static const char *transport = "tcp";  /* and parallel.transport */
 
@@ -64,9 +68,9 @@ typedef struct {
     double held;       /* allocator bytes in use at its start */
     double peak;       /* the most in use after one of its intervals */
     int n;
-    char kind[2 * MAX_MICRO];
-    int micro[2 * MAX_MICRO];
-    double t0[2 * MAX_MICRO], t1[2 * MAX_MICRO];
+    char kind[MAX_OPS];
+    int micro[MAX_OPS], chunk[MAX_OPS];
+    double t0[MAX_OPS], t1[MAX_OPS];
 } stage_step;
 
 /* A run's timeline: tl[step][stage]. */
@@ -84,13 +88,14 @@ static int run_job(const char *dir, const char *strategy, int P, int M, const ch
     snprintf(job, sizeof job, "%s.json", dir);
     int pipeline = strcmp(strategy, "pipeline") == 0;
     char par[512];
-    /* the 17 units (fc0, relu0, ..., fc8) cut evenly: 2 or 4 stages of
+    /* the 17 units (fc0, relu0, ..., fc8) cut evenly: 2, 4 or 8 pieces of
      * equal work, the head with the last */
-    const char *cut = P == 2 ? "[8, 9]" : "[4, 4, 4, 5]";
+    int pieces = P * chunks;
+    const char *cut = pieces == 2 ? "[8, 9]" : pieces == 4 ? "[4, 4, 4, 5]" : "[2, 2, 2, 2, 2, 2, 2, 3]";
     if (pipeline)
         snprintf(par, sizeof par, "\"strategy\": \"pipeline\", \"stages\": %d, \"micro_batches\": %d, "
                  "\"schedule\": \"%s\", \"timeline\": true, \"pipeline_stages\": %s, \"ring_security\": \"%s\", "
-                 "\"transport\": \"%s\"", P, M, sched, cut, security, transport);
+                 "\"transport\": \"%s\", \"chunks_per_stage\": %d", P, M, sched, cut, security, transport, chunks);
     else
         snprintf(par, sizeof par, "\"strategy\": \"local\"");
     snprintf(text, sizeof text,
@@ -139,9 +144,10 @@ static int read_timeline(const char *dir, int P, int M, timeline *tl) {
                 size_t i;
                 json_t *op;
                 json_array_foreach(ops, i, op) {
-                    if (ss->n == 2 * MAX_MICRO) break;
+                    if (ss->n == MAX_OPS) break;
                     ss->kind[ss->n] = json_string_value(json_array_get(op, 0))[0];
                     ss->micro[ss->n] = (int)json_integer_value(json_array_get(op, 1));
+                    ss->chunk[ss->n] = (int)json_integer_value(json_array_get(op, 5));
                     ss->t0[ss->n] = json_real_value(json_array_get(op, 2));
                     ss->t1[ss->n] = json_real_value(json_array_get(op, 3));
                     double held = json_number_value(json_array_get(op, 4));
@@ -192,12 +198,12 @@ static double bubble(const timeline *tl) {
 /* ---- what the bubble is made of ---- */
 
 /* The medians over the steps after the warm-up of each stage's forward and
- * backward of one micro-batch (F[s], B[s]), and of the hand-off *x: from
- * the end of an operation to the start of the one it feeds on the
- * neighbour stage (forward to the next, backward to the previous), where
- * that stage was idle, waiting for it. */
+ * backward of one micro-batch through one chunk (F[s], B[s]), and of the
+ * hand-off *x: from the end of an operation to the start of the one it
+ * feeds on the neighbour stage (forward to the next piece, backward to the
+ * previous), where that stage was idle, waiting for it. */
 static void stage_costs(const timeline *tl, double *F, double *B, double *x) {
-    static double f[MAX_STEPS * MAX_MICRO], b[MAX_STEPS * MAX_MICRO], h[MAX_STEPS * 2 * MAX_MICRO * MAX_STAGES];
+    static double f[MAX_STEPS * MAX_OPS], b[MAX_STEPS * MAX_OPS], h[MAX_STEPS * MAX_OPS * MAX_STAGES];
     size_t nh = 0;
     for (int s = 0; s < tl->P; s++) {
         size_t nf = 0, nb = 0;
@@ -206,11 +212,11 @@ static void stage_costs(const timeline *tl, double *F, double *B, double *x) {
             for (int i = 0; i < ss->n; i++) {
                 if (ss->kind[i] == 'F') f[nf++] = ss->t1[i] - ss->t0[i];
                 else b[nb++] = ss->t1[i] - ss->t0[i];
-                int from = ss->kind[i] == 'F' ? s - 1 : s + 1;
-                if (from < 0 || from >= tl->P) continue;
-                const stage_step *up = &tl->tl[step][from];
+                int from = ss->chunk[i] * tl->P + s + (ss->kind[i] == 'F' ? -1 : 1); /* the piece it waits for */
+                if (from < 0 || from >= tl->P * chunks) continue;
+                const stage_step *up = &tl->tl[step][from % tl->P];
                 for (int j = 0; j < up->n; j++)
-                    if (up->kind[j] == ss->kind[i] && up->micro[j] == ss->micro[i] &&
+                    if (up->kind[j] == ss->kind[i] && up->micro[j] == ss->micro[i] && up->chunk[j] == from / tl->P &&
                         (i == 0 || ss->t1[i - 1] <= up->t1[j]))
                         h[nh++] = ss->t0[i] - up->t1[j];
             }
@@ -318,9 +324,10 @@ static int parse_args(int argc, char **argv, char *out, size_t cap) {
             security = argv[++i];
         else if (!strcmp(argv[i], "--transport") && v && (!strcmp(v, "tcp") || !strcmp(v, "ipc")))
             transport = argv[++i];
+        else if (!strcmp(argv[i], "--chunks") && v && atoi(v) >= 1 && atoi(v) <= MAX_CHUNKS) chunks = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_pipeline [--steps N] [--warmup W] [--rows R] [--reps K] [--out FILE] "
-                            "[--security curve|none] [--transport tcp|ipc]\n");
+                            "[--security curve|none] [--transport tcp|ipc] [--chunks 1..%d]\n", MAX_CHUNKS);
             return 1;
         }
     }
@@ -339,7 +346,8 @@ static int bubbles(FILE *svg) {
     static const int Ps[] = {2, 4}, Ms[] = {1, 4, 8, 16};
     static timeline tl;
     int y = 10;
-    printf("\n## bubble (1f1b; idle share of the step's span, median over %d reps [min..max])\n", reps);
+    printf("\n## bubble (1f1b%s; idle share of the step's span, median over %d reps [min..max])\n",
+           chunks > 1 ? " interleaved" : "", reps);
     printf("model: the schedule with the stages' measured forward F and backward B per micro-batch and the\n"
            "measured hand-off x between stages (theory: F and B equal on every stage, x = 0)\n");
     printf("%-3s %-3s %-7s %-7s %-22s %-8s %-8s %s\n", "P", "M", "theory", "model", "measured", "-theory", "-model",
@@ -347,6 +355,8 @@ static int bubbles(FILE *svg) {
     for (int pi = 0; pi < 2; pi++)
         for (int mi = 0; mi < 4; mi++) {
             int P = Ps[pi], M = Ms[mi];
+            if (M % P && chunks > 1) continue; /* interleaving needs a multiple of P */
+            ts_pipe_shape shape = {true, P, chunks, M};
             double b[MAX_REPS], mod[MAX_REPS], F[MAX_STAGES], B[MAX_STAGES], x = 0, med, lo, hi, mmed, mlo, mhi;
             for (int r = 0; r < reps; r++) {
                 char dir[PATH_MAX];
@@ -354,11 +364,11 @@ static int bubbles(FILE *svg) {
                 if (run_job(dir, "pipeline", P, M, "1f1b", 1) || read_timeline(dir, P, M, &tl)) return 1;
                 b[r] = bubble(&tl);
                 stage_costs(&tl, F, B, &x);
-                if (ts_pipe_simulate(true, P, M, F, B, x, &mod[r])) mod[r] = NAN;
+                if (ts_pipe_simulate(&shape, F, B, x, &mod[r])) mod[r] = NAN;
             }
             summary(b, reps, &med, &lo, &hi);
             summary(mod, reps, &mmed, &mlo, &mhi);
-            double theory = (double)(P - 1) / (M + P - 1);
+            double theory = ts_pipe_bubble(&shape);
             char costs[256];
             int n = 0;
             for (int s = 0; s < P; s++) n += snprintf(costs + n, sizeof costs - (size_t)n, "%s%.2f/%.2f", s ? " " : "", F[s], B[s]);
@@ -406,8 +416,8 @@ static int memory(void) {
 
 /* 4: P = 2 against one process at the same batch, threads split fairly. */
 static int throughput(void) {
-    printf("\n## throughput at batch %d: P = 2 (1 thread per stage, M = 8, 1f1b) against one process (2 threads)\n",
-           rows * 8);
+    printf("\n## throughput at batch %d: P = 2 (1 thread per stage, M = 8, 1f1b, %d chunks per stage) against one "
+           "process (2 threads)\n", rows * 8, chunks);
     double pipe[MAX_REPS], local[MAX_REPS], ratio[MAX_REPS];
     for (int r = 0; r < reps; r++) {
         char dir[PATH_MAX];
@@ -439,9 +449,9 @@ int main(int argc, char **argv) {
     }
     fprintf(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"%d\" "
             "font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", 4 * 40 + 22 * 12 + 20);
-    printf("bench_pipeline: MLP of 8 layers 784 wide (the first 944), micro-batches of %d rows, %d steps (first %d warm-up), "
-           "%d reps; runs in %s\n", rows, steps, warmup, reps, tmp_dir);
-    int rc = bubbles(svg) || memory() || throughput();
+    printf("bench_pipeline: MLP of 8 layers 784 wide (the first 944), micro-batches of %d rows, %d chunks per stage, "
+           "%d steps (first %d warm-up), %d reps; runs in %s\n", rows, chunks, steps, warmup, reps, tmp_dir);
+    int rc = bubbles(svg) || (chunks == 1 && memory()) || throughput();
     fprintf(svg, "</svg>\n");
     fclose(svg);
     if (!rc) printf("\nchart: %s\n", out);

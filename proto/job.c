@@ -100,6 +100,7 @@ static const field parallel_fields[] = {
     INT_FIELD("stages", parallel.stages, "2", 1, 1024),
     INTS_FIELD("pipeline_stages", parallel.pipeline_stages, "[]", 1, 1 << 20),
     INT_FIELD("micro_batches", parallel.micro_batches, "1", 1, 4096),
+    INT_FIELD("chunks_per_stage", parallel.chunks_per_stage, "1", 1, 64),
     ENUM_FIELD("schedule", parallel.schedule, "\"1f1b\"", pipe_schedule_names),
     INT_FIELD("data_parallel", parallel.data_parallel, "1", 1, 1024),
     BOOL_FIELD("timeline", parallel.timeline, "false"),
@@ -414,9 +415,14 @@ static ts_status finish_pipeline(ts_job *job) {
     if (p->stages < 2)
         return ts_error(TS_ERR_VALUE, "parallel.stages: strategy \"pipeline\" needs at least 2 stages, got %d",
                         p->stages);
-    if (p->pipeline_stages.n && p->pipeline_stages.n != p->stages)
-        return ts_error(TS_ERR_VALUE, "parallel.pipeline_stages: %d stages listed but parallel.stages is %d",
-                        p->pipeline_stages.n, p->stages);
+    int pieces = p->stages * p->chunks_per_stage;
+    if (p->pipeline_stages.n && p->pipeline_stages.n != pieces)
+        return ts_error(TS_ERR_VALUE, "parallel.pipeline_stages: %d pieces listed but parallel.stages %d x "
+                        "parallel.chunks_per_stage %d is %d", p->pipeline_stages.n, p->stages, p->chunks_per_stage,
+                        pieces);
+    if (p->chunks_per_stage > 1 && p->micro_batches % p->stages)
+        return ts_error(TS_ERR_VALUE, "parallel.micro_batches: %d; interleaving %d chunks per stage needs a "
+                        "multiple of parallel.stages (%d)", p->micro_batches, p->chunks_per_stage, p->stages);
     if (p->workers != 1 && p->workers != w)
         return ts_error(TS_ERR_VALUE, "parallel.workers: %d, but a pipeline of %d stages x %d replicas "
                         "(parallel.data_parallel) has %d workers", p->workers, p->stages, p->data_parallel, w);

@@ -94,9 +94,11 @@ typedef struct {
     ts_job_security ring_security; /* curve, or none (trusted network) */
     ts_job_security ps_security;   /* curve, or none (trusted network) */
     int stages;               /* pipeline: P stages */
-    ts_job_ints pipeline_stages; /* pipeline: units of each stage; empty = cut
-                                    by a profiling pass */
+    ts_job_ints pipeline_stages; /* pipeline: units of each of the P x V pieces;
+                                    empty = cut by a profiling pass */
     int micro_batches;        /* pipeline: M micro-batches per batch */
+    int chunks_per_stage;     /* pipeline: V model chunks per stage (V > 1:
+                                 interleaved, the model cut into P x V pieces) */
     ts_job_pipe_schedule schedule; /* pipeline: 1f1b or gpipe */
     int data_parallel;        /* pipeline: D copies of the pipeline */
     int timeline;             /* pipeline: each stage writes its busy intervals */

@@ -43,10 +43,11 @@ ts_status ts_job_model_spec(const ts_job *job, ts_model_spec *spec) {
     return ts_model_units(spec) < 0 ? ts_last_status() : TS_OK;
 }
 
-ts_model *ts_job_model_build(const ts_job *job, const ts_model_spec *spec, int first, int end) {
-    ts_model *m = ts_model_build(spec, first, end, ts_key_from_seed((uint64_t)job->seed), TS_F32);
+ts_model *ts_job_model_build(const ts_job *job, const ts_model_spec *spec, const ts_unit_runs *runs) {
+    ts_key key = ts_key_from_seed((uint64_t)job->seed);
+    ts_model *m = runs ? ts_model_build_runs(spec, runs, key, TS_F32) : ts_model_build(spec, 0, -1, key, TS_F32);
     if (!m || !job->model.init_from[0]) return m;
-    bool whole = first == 0 && (end < 0 || end == ts_model_units(spec));
+    bool whole = !runs || (runs->n == 1 && runs->first[0] == 0 && runs->end[0] == ts_model_units(spec));
     if (ts_weights_load(m, job->model.init_from, job->model.init_map, whole)) {
         ts_model_free(m);
         return NULL;
@@ -111,7 +112,7 @@ ts_model *ts_job_model_open(const char *path, const char *job_path, const char *
         job->model.init_map[0] = '\0';
     }
     if (!st) st = ts_job_model_spec(job, spec);
-    ts_model *m = st ? NULL : ts_job_model_build(job, spec, 0, -1);
+    ts_model *m = st ? NULL : ts_job_model_build(job, spec, NULL);
     if (m) ts_model_train(m, false);
     return m;
 }

@@ -16,11 +16,11 @@
  * names the field when they do not fit together (mlp needs fashion_mnist). */
 ts_status ts_job_model_spec(const ts_job *job, ts_model_spec *spec);
 
-/* Builds units [first, end) of spec (end = -1: all), job's model, from the
+/* Builds the units of runs (NULL: all) of spec, job's model, from the
  * job's seed, then, when model.init_from names a weights file, loads those
  * weights through model.init_map (ts_weights_load; strict for the whole
- * model, a slice takes its own parameters from the file). */
-ts_model *ts_job_model_build(const ts_job *job, const ts_model_spec *spec, int first, int end);
+ * model, a part takes its own parameters from the file). */
+ts_model *ts_job_model_build(const ts_job *job, const ts_model_spec *spec, const ts_unit_runs *runs);
 
 /* The job of the weights at path: a checkpoint folder's own saved job
  * (*is_checkpoint true; job_path must be NULL and nsets 0), or the job

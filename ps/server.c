@@ -875,7 +875,7 @@ int ts_ps_run(const ts_ps_options *o) {
     ts_status st = sv.shards >= 1 ? TS_OK
                                   : ts_error(TS_ERR_VALUE, "parallel.servers: a parameter server needs at least one shard");
     if (!st) st = ts_job_model_spec(o->job, &spec);
-    if (!st && !(m = ts_job_model_build(o->job, &spec, 0, -1)))
+    if (!st && !(m = ts_job_model_build(o->job, &spec, NULL)))
         st = ts_last_status();
     if (!st) sv.numel = m->numel, st = open_socket(&sv, m->numel);
     if (!st) st = join(&sv);

@@ -100,7 +100,7 @@ static ts_status restore_seed(ts_shard *s) {
     ts_model_spec spec;
     ts_model *m = NULL;
     ts_status st = ts_job_model_spec(s->cfg.job, &spec);
-    if (!st && !(m = ts_job_model_build(s->cfg.job, &spec, 0, -1)))
+    if (!st && !(m = ts_job_model_build(s->cfg.job, &spec, NULL)))
         st = ts_last_status();
     if (!st) {
         memcpy(ts_f32(s->params), ts_f32(m->flat_params) + s->offset, (size_t)s->len * sizeof(float));

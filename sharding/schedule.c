@@ -1,64 +1,90 @@
-/* schedule.c - gpipe and 1f1b orders of a pipeline stage. */
+/* schedule.c - gpipe, 1f1b and interleaved orders of a pipeline stage. */
 #include "sharding/schedule.h"
 
 #include <stdlib.h>
 
-ts_status ts_pipe_schedule(bool one_f_one_b, int stages, int stage, int micro, ts_pipe_op *ops) {
-    if (stages < 1 || stage < 0 || stage >= stages || micro < 1)
-        return ts_error(TS_ERR_VALUE, "pipeline schedule: stage %d of %d stages with %d micro-batches", stage,
-                        stages, micro);
-    int warm = one_f_one_b ? stages - stage - 1 : micro;
-    if (warm > micro) warm = micro;
-    int n = 0, fwd = 0, bwd = 0;
-    while (fwd < warm) ops[n++] = (ts_pipe_op){TS_PIPE_FORWARD, fwd++};
-    while (fwd < micro) { /* steady state: one forward, one backward */
-        ops[n++] = (ts_pipe_op){TS_PIPE_FORWARD, fwd++};
-        ops[n++] = (ts_pipe_op){TS_PIPE_BACKWARD, bwd++};
-    }
-    while (bwd < micro) ops[n++] = (ts_pipe_op){TS_PIPE_BACKWARD, bwd++};
+ts_status ts_pipe_check(const ts_pipe_shape *sh) {
+    if (sh->stages < 1 || sh->chunks < 1 || sh->micro < 1)
+        return ts_error(TS_ERR_VALUE, "pipeline schedule: %d stages of %d chunks with %d micro-batches", sh->stages,
+                        sh->chunks, sh->micro);
+    if (sh->chunks > 1 && sh->micro % sh->stages != 0)
+        return ts_error(TS_ERR_VALUE, "pipeline schedule: %d micro-batches with %d chunks per stage: interleaving "
+                        "needs a multiple of the %d stages", sh->micro, sh->chunks, sh->stages);
     return TS_OK;
 }
 
-double ts_pipe_bubble(int stages, int micro) { return (double)(stages - 1) / (micro + stages - 1); }
+/* The k-th forward (or backward) of a stage: in groups of P micro-batches
+ * (one group of all M when V = 1), chunk by chunk, the backwards from the
+ * last chunk. */
+static ts_pipe_op nth(const ts_pipe_shape *sh, ts_pipe_kind kind, int k) {
+    int P = sh->chunks > 1 ? sh->stages : sh->micro, V = sh->chunks;
+    int group = k / (P * V), within = k % (P * V), chunk = within / P;
+    return (ts_pipe_op){kind, group * P + within % P, kind == TS_PIPE_FORWARD ? chunk : V - 1 - chunk};
+}
 
-ts_status ts_pipe_simulate(bool one_f_one_b, int stages, int micro, const double *fwd, const double *bwd,
-                           double handoff, double *bubble) {
-    size_t n = (size_t)stages * (size_t)micro;
-    ts_pipe_op *ops = stages > 0 && micro > 0 ? malloc(2 * n * sizeof *ops) : NULL;
-    double *fdone = malloc((n + 1) * sizeof *fdone), *bdone = malloc((n + 1) * sizeof *bdone);
-    double *clock = calloc((size_t)stages + 1, sizeof *clock);
-    int *next = calloc((size_t)stages + 1, sizeof *next);
-    ts_status st = ops && fdone && bdone && clock && next
-                       ? TS_OK
-                       : ts_error(TS_ERR_VALUE, "pipeline simulation: %d stages, %d micro-batches", stages, micro);
-    for (int s = 0; !st && s < stages; s++) st = ts_pipe_schedule(one_f_one_b, stages, s, micro, ops + 2 * s * micro);
+ts_status ts_pipe_schedule(const ts_pipe_shape *sh, int stage, ts_pipe_op *ops) {
+    ts_status st = ts_pipe_check(sh);
+    if (st) return st;
+    int P = sh->stages, V = sh->chunks, total = V * sh->micro;
+    if (stage < 0 || stage >= P)
+        return ts_error(TS_ERR_VALUE, "pipeline schedule: stage %d of %d stages", stage, P);
+    int warm = !sh->one_f_one_b ? total : V == 1 ? P - stage - 1 : 2 * (P - stage - 1) + (V - 1) * P;
+    if (warm > total) warm = total;
+    int n = 0, fwd = 0, bwd = 0;
+    while (fwd < warm) ops[n++] = nth(sh, TS_PIPE_FORWARD, fwd++);
+    while (fwd < total) { /* steady state: one forward, one backward */
+        ops[n++] = nth(sh, TS_PIPE_FORWARD, fwd++);
+        ops[n++] = nth(sh, TS_PIPE_BACKWARD, bwd++);
+    }
+    while (bwd < total) ops[n++] = nth(sh, TS_PIPE_BACKWARD, bwd++);
+    return TS_OK;
+}
+
+double ts_pipe_bubble(const ts_pipe_shape *sh) {
+    return (double)(sh->stages - 1) / ((double)sh->chunks * sh->micro + sh->stages - 1);
+}
+
+ts_status ts_pipe_simulate(const ts_pipe_shape *sh, const double *fwd, const double *bwd, double handoff,
+                           double *bubble) {
+    ts_status st = ts_pipe_check(sh);
+    if (st) return st;
+    int P = sh->stages, V = sh->chunks, M = sh->micro, per = 2 * V * M;
+    size_t n = (size_t)P * (size_t)V * (size_t)M; /* done[(s * V + c) * M + m] */
+    ts_pipe_op *ops = malloc((size_t)P * (size_t)per * sizeof *ops);
+    double *fdone = malloc(n * sizeof *fdone), *bdone = malloc(n * sizeof *bdone);
+    double *clock = calloc((size_t)P, sizeof *clock);
+    int *next = calloc((size_t)P, sizeof *next);
+    if (!ops || !fdone || !bdone || !clock || !next)
+        st = ts_error(TS_ERR_MEMORY, "pipeline simulation: out of memory for %d stages", P);
+    for (int s = 0; !st && s < P; s++) st = ts_pipe_schedule(sh, s, ops + (size_t)s * per);
     for (size_t i = 0; !st && i < n; i++) fdone[i] = bdone[i] = -1;
     for (bool progress = !st; progress;) {
         progress = false;
-        for (int s = 0; s < stages; s++) {
-            if (next[s] == 2 * micro) continue;
-            ts_pipe_op op = ops[2 * s * micro + next[s]];
+        for (int s = 0; s < P; s++) {
+            if (next[s] == per) continue;
+            ts_pipe_op op = ops[(size_t)s * per + next[s]];
             bool forward = op.kind == TS_PIPE_FORWARD;
-            int from = forward ? s - 1 : s + 1; /* the stage it waits for */
+            /* the piece it waits for: the one before (forward) or after it */
+            int piece = op.chunk * P + s + (forward ? -1 : 1);
             double ready = clock[s];
-            if (from >= 0 && from < stages) {
-                double done = (forward ? fdone : bdone)[from * micro + op.micro];
+            if (piece >= 0 && piece < P * V) {
+                double done = (forward ? fdone : bdone)[((size_t)(piece % P) * V + piece / P) * M + op.micro];
                 if (done < 0) continue;
                 if (done + handoff > ready) ready = done + handoff;
             }
             clock[s] = ready + (forward ? fwd[s] : bwd[s]);
-            (forward ? fdone : bdone)[s * micro + op.micro] = clock[s];
+            (forward ? fdone : bdone)[((size_t)s * V + op.chunk) * M + op.micro] = clock[s];
             next[s]++;
             progress = true;
         }
     }
     double span = 0, idle = 0;
-    for (int s = 0; !st && s < stages; s++) {
-        if (next[s] != 2 * micro) st = ts_error(TS_ERR_STATE, "pipeline simulation: stage %d was left waiting", s);
+    for (int s = 0; !st && s < P; s++) {
+        if (next[s] != per) st = ts_error(TS_ERR_STATE, "pipeline simulation: stage %d was left waiting", s);
         if (clock[s] > span) span = clock[s];
     }
-    for (int s = 0; !st && s < stages; s++) idle += 1 - micro * (fwd[s] + bwd[s]) / span;
-    if (!st) *bubble = idle / stages;
+    for (int s = 0; !st && s < P; s++) idle += 1 - V * M * (fwd[s] + bwd[s]) / span;
+    if (!st) *bubble = idle / P;
     free(ops), free(fdone), free(bdone), free(clock), free(next);
     return st;
 }

@@ -55,25 +55,25 @@ ts_status ts_pipeline_profile(const ts_model_spec *spec, int64_t b, int units, d
     return st;
 }
 
-/* The cut from parallel.pipeline_stages (units per stage). */
-static ts_status given_cut(const ts_job_parallel *p, int units, int *cut) {
+/* The cut from parallel.pipeline_stages (units per piece). */
+static ts_status given_cut(const ts_job_parallel *p, int pieces, int units, int *cut) {
     cut[0] = 0;
-    for (int s = 0; s < p->stages; s++) cut[s + 1] = cut[s] + (int)p->pipeline_stages.v[s];
-    if (cut[p->stages] != units)
-        return ts_error(TS_ERR_VALUE, "parallel.pipeline_stages: the stages hold %d units but the model has %d",
-                        cut[p->stages], units);
+    for (int s = 0; s < pieces; s++) cut[s + 1] = cut[s] + (int)p->pipeline_stages.v[s];
+    if (cut[pieces] != units)
+        return ts_error(TS_ERR_VALUE, "parallel.pipeline_stages: the pieces hold %d units but the model has %d",
+                        cut[pieces], units);
     return TS_OK;
 }
 
 /* Profiles, cuts and prints the costs. */
-static ts_status profiled_cut(const ts_job *job, const ts_model_spec *spec, int units, int *cut) {
+static ts_status profiled_cut(const ts_job *job, const ts_model_spec *spec, int pieces, int units, int *cut) {
     const ts_job_parallel *p = &job->parallel;
     double *costs = calloc((size_t)units, sizeof *costs);
     if (!costs) return ts_error(TS_ERR_MEMORY, "pipeline: out of memory for %d unit costs", units);
     ts_status st = ts_pipeline_profile(spec, job->train.batch_size / p->micro_batches, units, costs);
-    if (!st) st = ts_plan_stages(costs, units, p->stages, cut);
+    if (!st) st = ts_plan_stages(costs, units, pieces, cut);
     if (!st) {
-        cut[p->stages] = units;
+        cut[pieces] = units;
         printf("pipeline: profiled forward + backward ms per unit:");
         for (int u = 0; u < units; u++) printf(" %.2f", costs[u]);
         printf("\n");
@@ -82,11 +82,11 @@ static ts_status profiled_cut(const ts_job *job, const ts_model_spec *spec, int 
     return st;
 }
 
-ts_status ts_pipeline_check_cut(const int *cut, int stages, int units) {
-    for (int s = 0; s <= stages; s++)
-        if ((s == 0 && cut[s] != 0) || (s > 0 && cut[s] <= cut[s - 1]) || (s == stages && cut[s] != units))
-            return ts_error(TS_ERR_FORMAT, "pipeline: the stage cut (stage %d starts at unit %d) is not one of %d "
-                            "units into %d stages", s, cut[s], units, stages);
+ts_status ts_pipeline_check_cut(const int *cut, int pieces, int units) {
+    for (int s = 0; s <= pieces; s++)
+        if ((s == 0 && cut[s] != 0) || (s > 0 && cut[s] <= cut[s - 1]) || (s == pieces && cut[s] != units))
+            return ts_error(TS_ERR_FORMAT, "pipeline: the cut (piece %d starts at unit %d) is not one of %d "
+                            "units into %d pieces", s, cut[s], units, pieces);
     return TS_OK;
 }
 
@@ -94,8 +94,10 @@ ts_status ts_pipeline_plan(const ts_job *job, const ts_model_spec *spec, int *cu
     const ts_job_parallel *p = &job->parallel;
     int units = ts_model_units(spec);
     if (units < 0) return ts_last_status();
-    if (units < p->stages)
-        return ts_error(TS_ERR_VALUE, "parallel.stages: %d stages for a model of %d units", p->stages, units);
-    ts_status st = p->pipeline_stages.n ? given_cut(p, units, cut) : profiled_cut(job, spec, units, cut);
-    return st ? st : ts_pipeline_check_cut(cut, p->stages, units);
+    int pieces = p->stages * p->chunks_per_stage;
+    if (units < pieces)
+        return ts_error(TS_ERR_VALUE, "parallel.stages: %d stages of %d chunks (parallel.chunks_per_stage) for a "
+                        "model of %d units", p->stages, p->chunks_per_stage, units);
+    ts_status st = p->pipeline_stages.n ? given_cut(p, pieces, units, cut) : profiled_cut(job, spec, pieces, units, cut);
+    return st ? st : ts_pipeline_check_cut(cut, pieces, units);
 }

@@ -6,7 +6,7 @@
  * differs it calls the strategy, always in this order:
  *
  *   once, before the model is built
- *     units        which units of the model this process builds
+ *     units        which units of the model this process builds (runs)
  *   once, after the trainer made its model, optimizer groups and loader
  *   (and loaded a checkpoint when resuming), and the process joined its job
  *     attach       start communicators, fetch or send parameters
@@ -94,7 +94,7 @@ typedef struct {
 } ts_comm_times;
 
 typedef struct {
-    ts_status (*units)(ts_strategy *s, const ts_model_spec *spec, int *first, int *end);
+    ts_status (*units)(ts_strategy *s, const ts_model_spec *spec, ts_unit_runs *runs);
     ts_status (*attach)(ts_strategy *s);
     ts_status (*begin_step)(ts_strategy *s, int64_t step);
     ts_status (*grads)(ts_strategy *s, double *loss, int64_t *samples);
@@ -163,8 +163,8 @@ bool ts_strategy_poll_workers(ts_strategy *s, int *index, int *workers);
 
 /* ---- the local building blocks (strategy_local.c) ---- */
 
-/* Every unit: [0, units). */
-ts_status ts_strategy_all_units(ts_strategy *s, const ts_model_spec *spec, int *first, int *end);
+/* Every unit: one run [0, units). */
+ts_status ts_strategy_all_units(ts_strategy *s, const ts_model_spec *spec, ts_unit_runs *runs);
 
 /* grads_ready for a strategy with nothing to send during backward. */
 ts_status ts_strategy_ready_nothing(ts_strategy *s, int64_t offset, int64_t len);

@@ -14,12 +14,11 @@
 #include "worker/fsdp_checkpoint.h"
 #include "worker/trainer.h"
 
-ts_status ts_strategy_all_units(ts_strategy *s, const ts_model_spec *spec, int *first, int *end) {
+ts_status ts_strategy_all_units(ts_strategy *s, const ts_model_spec *spec, ts_unit_runs *runs) {
     (void)s;
     int units = ts_model_units(spec);
     if (units < 0) return ts_last_status();
-    *first = 0;
-    *end = units;
+    *runs = (ts_unit_runs){.n = 1, .first = {0}, .end = {units}};
     return TS_OK;
 }
 

@@ -7,20 +7,28 @@
  * worker joins before it builds anything (its units depend on its rank),
  * then builds only its stage's units (pipeline_plan.h: a given or profiled
  * cut), so it holds only their flat buffers, gradients and optimizer state.
+ * With parallel.chunks_per_stage V > 1 (interleaved 1F1B) the model is cut
+ * into P x V pieces and stage s holds pieces s, s + P, ... as the chunks
+ * 0 .. V-1 of one model (ts_model_build_runs), each run alone
+ * (ts_model_forward_units): a micro-batch passes through the stages V
+ * times, the last stage handing chunk c's output to stage 0's chunk c + 1.
  *
  * Every step, each stage reads the step's batch (train.batch_size) and cuts
  * it into M micro-batches (parallel.micro_batches); stage 0 feeds their
  * inputs, the last stage their targets. Activations go forward and their
  * gradients backward between neighbouring stages over the replica's
  * communicator (send/recv, in order per pair; the ring over ZeroMQ, or MPI
- * under mpirun): a forward's output is sent (its shape first for the
- * step's first micro-batch only: every micro-batch of a step has its rows
+ * under mpirun; with V > 1 the gradients have a communicator of their own,
+ * since the activations then flow both ways between two stages too): a
+ * forward's output is sent (its shape first for each chunk's first
+ * micro-batch of the step only: every micro-batch of a step has its rows
  * and shape, so the next stage expects it and a hand-off is one message)
  * while the stage goes on with its next operation, and what a neighbour
  * sends is received by the port's I/O thread while the stage computes. The
  * order of a stage's forwards and backwards is parallel.schedule's (gpipe
- * or 1f1b, sharding/schedule.h); the step's last backward announces each
- * parameter as its gradient is final (the trainer's hooks), and with D > 1
+ * or 1f1b, interleaved with V > 1: sharding/schedule.h); each chunk's last
+ * backward announces each parameter as its gradient is final (the
+ * trainer's hooks), and with D > 1
  * its buckets are averaged over the stage's replicas on their own
  * communicator while backward goes on (buckets.h, as DDP does). A GPT's
  * embedding (stage 0) and head (the last stage) hold one tied weight each:
@@ -85,30 +93,34 @@ typedef struct {
 /* One interval of compute, for the timeline. */
 typedef struct {
     char kind; /* 'F' or 'B' */
-    int micro;
+    int micro, chunk;
     double start, end;
     size_t held; /* allocator bytes in use after it */
 } interval;
 
 typedef struct {
     ts_strategy base;
-    int P, D, stage, replica, M;
-    int *cut;                  /* first unit of each stage, then the unit count */
-    int64_t shape_out[HEADER]; /* the last activation header sent ... */
-    int64_t shape_in[HEADER];  /* ... and received: the step's shape */
+    int P, D, V, stage, replica, M;
+    int *cut;                  /* first unit of each of the P x V pieces, then the unit count */
+    int chunk_at[TS_MAX_UNIT_RUNS + 1]; /* the first of the stage model's units of each chunk */
+    int64_t shape_out[TS_MAX_UNIT_RUNS][HEADER]; /* per chunk: the last activation header sent ... */
+    int64_t shape_in[TS_MAX_UNIT_RUNS][HEADER];  /* ... and received: the step's shape */
     ts_ring_port *pipe_port;   /* the replica's pipeline communicator's port */
+    ts_ring_port *back_port;   /* V > 1: the port of its gradients' communicator */
     ts_ring_port *dp_port;     /* the stage's replicas' port (D > 1) */
     void *mpi_world;           /* under mpirun: the workers' MPI_Comm *, else NULL */
     void *mpi_split[3];        /* the MPI communicators of pipe, back and dp */
     ts_comm *pipe;             /* rank = stage: activations forward, collectives */
     ts_comm *back;             /* rank = stage: gradients backward; pipe itself
-                                * on the ring, its own under MPI (where a send
-                                * waits for its receive, the directions must
-                                * not queue behind each other) */
+                                * on the ring when V = 1, its own under MPI
+                                * (where a send waits for its receive, the
+                                * directions must not queue behind each other)
+                                * and with V > 1 (a pair's stream must carry
+                                * one kind of data) */
     ts_comm *dp;               /* rank = replica; NULL when D = 1 */
     ts_buckets *buckets;       /* D > 1: the gradient buckets averaged over dp */
-    ts_pipe_op *ops;           /* this stage's order, 2M operations */
-    micro *mb;
+    ts_pipe_op *ops;           /* this stage's order, 2VM operations */
+    micro *mb;                 /* chunk c's micro-batch m at c * M + m */
     ts_batch batch;            /* the step's batch */
     bool have_batch;
     int tied;                  /* model index of the tied wte.weight (first and
@@ -119,7 +131,7 @@ typedef struct {
     /* where the stage is, for error messages (the ranks of its
      * communicators' messages are stages, and replicas) */
     bool in_step;
-    int at_micro;
+    int at_micro, at_chunk;
     const char *at_what;
     FILE *timeline;
     interval *iv;
@@ -139,7 +151,9 @@ static ts_status stage_error(pipe_strategy *p) {
     snprintf(msg, sizeof msg, "%s%s%s%s", ts_last_error(), p->lost[0] ? " (" : "", p->lost, p->lost[0] ? ")" : "");
     long long step = (long long)p->base.trainer->step;
     char where[96];
-    if (p->at_micro >= 0) snprintf(where, sizeof where, "step %lld, micro-batch %d", step + 1, p->at_micro);
+    if (p->at_micro >= 0 && p->V > 1)
+        snprintf(where, sizeof where, "step %lld, micro-batch %d, chunk %d", step + 1, p->at_micro, p->at_chunk);
+    else if (p->at_micro >= 0) snprintf(where, sizeof where, "step %lld, micro-batch %d", step + 1, p->at_micro);
     else if (p->in_step) snprintf(where, sizeof where, "step %lld, after its micro-batch %d", step + 1, p->M - 1);
     else snprintf(where, sizeof where, "after step %lld", step);
     return ts_error(st, "pipeline stage %d of %d (replica %d), %s (%s): %s", p->stage, p->P, p->replica, where,
@@ -150,6 +164,12 @@ static ts_status stage_error(pipe_strategy *p) {
 static void describe_rank(const pipe_strategy *p, int r, char *out, size_t cap) {
     snprintf(out, cap, "rank %d (stage %d, replica %d)", r, r % p->P, r / p->P);
 }
+
+/* The piece of the model chunk c of this stage is; the stages after and
+ * before this one around the loop (with V = 1 the ends are never used). */
+static int piece_of(const pipe_strategy *p, int c) { return c * p->P + p->stage; }
+static int next_stage(const pipe_strategy *p) { return (p->stage + 1) % p->P; }
+static int prev_stage(const pipe_strategy *p) { return (p->stage + p->P - 1) % p->P; }
 
 /* Notes (once) that the pipeline broke when the scheduler announced a
  * generation without one of the job's workers or stopped the job. */
@@ -228,35 +248,37 @@ static ts_status settle(pipe_strategy *p, ts_comm *c, ts_comm_req **req, const c
 
 /* ---- activations between stages ---- */
 
-/* Starts sending activation y (contiguous f32) to the next stage: with
- * header, its shape first, else only its data, whose shape must be that of
- * the last header sent (every micro-batch of a step has the rows and the
- * shape of the first: the next stage expects it); u keeps the header and
- * the requests. */
-static ts_status send_activation(pipe_strategy *p, micro *u, ts_tensor *y, bool header) {
+/* Starts sending activation y (contiguous f32) of chunk c to the next
+ * stage: with header, its shape first, else only its data, whose shape
+ * must be that of the chunk's last header sent (every micro-batch of a
+ * step has the rows and the shape of the first: the next stage expects
+ * it); u keeps the header and the requests. */
+static ts_status send_activation(pipe_strategy *p, int c, micro *u, ts_tensor *y, bool header) {
+    int64_t *shape = p->shape_out[c];
     u->header[0] = y->ndim;
     for (int d = 0; d < TS_MAX_DIMS; d++) u->header[1 + d] = d < y->ndim ? y->shape[d] : 0;
     ts_status st = TS_OK;
     if (header) {
-        memcpy(p->shape_out, u->header, sizeof p->shape_out);
-        st = start_pair(p, p->pipe, TS_COMM_SEND, u->header, HEADER, TS_I64, p->stage + 1, &u->sent[0]);
-    } else if (memcmp(p->shape_out, u->header, sizeof p->shape_out) != 0) {
+        memcpy(shape, u->header, sizeof p->shape_out[c]);
+        st = start_pair(p, p->pipe, TS_COMM_SEND, u->header, HEADER, TS_I64, next_stage(p), &u->sent[0]);
+    } else if (memcmp(shape, u->header, sizeof p->shape_out[c]) != 0) {
         return ts_error(TS_ERR_SHAPE, "the stage's output is %s, but the step's first micro-batch gave %s: every "
                         "micro-batch of a step must give the same shape", ts_shape_str(y),
-                        ts_dims_str((int)p->shape_out[0], p->shape_out + 1));
+                        ts_dims_str((int)shape[0], shape + 1));
     }
     if (!st)
-        st = start_pair(p, p->pipe, TS_COMM_SEND, ts_f32(y), ts_tensor_numel(y), TS_F32, p->stage + 1, &u->sent[1]);
+        st = start_pair(p, p->pipe, TS_COMM_SEND, ts_f32(y), ts_tensor_numel(y), TS_F32, next_stage(p), &u->sent[1]);
     return st;
 }
 
-/* Receives the previous stage's activation: a new f32 tensor shaped by the
- * header received first (checked against its limits) or, without header,
- * by the last one received (send_activation's rule). */
-static ts_status recv_activation(pipe_strategy *p, ts_tensor **x, bool header) {
-    int64_t *h = p->shape_in;
+/* Receives the previous stage's activation for chunk c: a new f32 tensor
+ * shaped by the header received first (checked against its limits) or,
+ * without header, by the chunk's last one received (send_activation's
+ * rule). */
+static ts_status recv_activation(pipe_strategy *p, int c, ts_tensor **x, bool header) {
+    int64_t *h = p->shape_in[c];
     if (header) {
-        ts_status st = recv_from(p, p->pipe, h, HEADER, TS_I64, p->stage - 1, "activation header");
+        ts_status st = recv_from(p, p->pipe, h, HEADER, TS_I64, prev_stage(p), "activation header");
         if (st) return st;
     }
     int64_t numel = 1;
@@ -267,11 +289,11 @@ static ts_status recv_activation(pipe_strategy *p, ts_tensor **x, bool header) {
     }
     if (!ok)
         return ts_error(TS_ERR_FORMAT, "stage %d sent an activation header of %lld dimensions [%lld, %lld, ...]; "
-                        "at most %d dimensions of %lld elements in all", p->stage - 1, (long long)h[0],
+                        "at most %d dimensions of %lld elements in all", prev_stage(p), (long long)h[0],
                         (long long)h[1], (long long)h[2], TS_MAX_DIMS, (long long)MAX_ACTIVATION);
     *x = ts_tensor_empty(TS_F32, (int)h[0], h + 1);
     if (!*x) return ts_last_status();
-    ts_status st = recv_from(p, p->pipe, ts_f32(*x), numel, TS_F32, p->stage - 1, "activation");
+    ts_status st = recv_from(p, p->pipe, ts_f32(*x), numel, TS_F32, prev_stage(p), "activation");
     if (st) {
         ts_tensor_release(*x);
         *x = NULL;
@@ -314,56 +336,66 @@ static ts_tensor *scaled_loss(pipe_strategy *p, ts_tensor *logits, int m, double
 }
 
 /* Notes a compute interval for the timeline. */
-static void note(pipe_strategy *p, char kind, int m, double start) {
-    if (p->iv) p->iv[p->niv++] = (interval){kind, m, start, ts_clock_ms(), ts_alloc_get_stats().allocated};
+static void note(pipe_strategy *p, char kind, int c, int m, double start) {
+    if (p->iv) p->iv[p->niv++] = (interval){kind, m, c, start, ts_clock_ms(), ts_alloc_get_stats().allocated};
 }
 
-/* Forward of micro-batch m: receive (or take) the input, run the stage,
- * send the output on (or, last stage, keep the loss). */
-static ts_status forward_micro(pipe_strategy *p, int m) {
-    micro *u = &p->mb[m];
+/* Runs chunk c of the stage on x. */
+static ts_tensor *run_chunk(pipe_strategy *p, int c, ts_tensor *x) {
+    return ts_model_forward_units(p->base.trainer->model, x, p->chunk_at[c], p->chunk_at[c + 1]);
+}
+
+/* Forward of micro-batch m through chunk c: receive (or take) the input,
+ * run the chunk, send the output on (or, the model's last piece, keep the
+ * loss). */
+static ts_status forward_micro(pipe_strategy *p, int c, int m) {
+    micro *u = &p->mb[c * p->M + m];
+    int piece = piece_of(p, c);
     ts_status st = TS_OK;
     ts_tensor *x;
     p->at_what = "forward";
-    if (p->stage == 0) {
+    if (piece == 0) {
         x = first_input(p, m);
         if (!x) return ts_last_status();
     } else {
-        if ((st = recv_activation(p, &u->in, m == 0))) return st;
+        if ((st = recv_activation(p, c, &u->in, m == 0))) return st;
         if ((st = ts_set_requires_grad(u->in, true))) return st;
         x = ts_tensor_retain(u->in);
     }
     double t0 = ts_clock_ms();
-    ts_tensor *y = ts_model_forward(p->base.trainer->model, x);
+    ts_tensor *y = run_chunk(p, c, x);
     ts_tensor_release(x);
     if (!y) return ts_last_status();
-    if (p->stage == p->P - 1) {
+    if (piece == p->P * p->V - 1) {
         double l = 0;
         u->out = scaled_loss(p, y, m, &l);
         ts_tensor_release(y);
         if (!u->out) return ts_last_status();
         p->loss += l / p->M;
-        note(p, 'F', m, t0);
+        note(p, 'F', c, m, t0);
         return TS_OK;
     }
     u->out = y;
-    note(p, 'F', m, t0);
+    note(p, 'F', c, m, t0);
     if (!ts_tensor_is_contiguous(y)) return ts_error(TS_ERR_STATE, "the stage's output is not contiguous");
-    return send_activation(p, u, y, m == 0);
+    return send_activation(p, c, u, y, m == 0);
 }
 
-/* Backward of micro-batch m: receive the gradient of the output (unless
- * last), run backward, send the input's gradient back (unless first). */
-static ts_status backward_micro(pipe_strategy *p, int m, bool last) {
-    micro *u = &p->mb[m];
+/* Backward of micro-batch m through chunk c: receive the gradient of the
+ * output (unless the model's last piece), run backward, send the input's
+ * gradient back (unless the first piece). last: the chunk's last backward
+ * of the step (its parameters' gradients become final). */
+static ts_status backward_micro(pipe_strategy *p, int c, int m, bool last) {
+    micro *u = &p->mb[c * p->M + m];
+    int piece = piece_of(p, c);
     ts_trainer *t = p->base.trainer;
     ts_tensor *g = NULL;
     ts_status st = TS_OK;
     p->at_what = "backward";
-    if (p->stage < p->P - 1) {
+    if (piece < p->P * p->V - 1) {
         g = ts_tensor_empty(TS_F32, u->out->ndim, u->out->shape);
         if (!g) return ts_last_status();
-        st = recv_from(p, p->back, ts_f32(g), ts_tensor_numel(g), TS_F32, p->stage + 1, "gradient");
+        st = recv_from(p, p->back, ts_f32(g), ts_tensor_numel(g), TS_F32, next_stage(p), "gradient");
     }
     double t0 = ts_clock_ms();
     t->last_micro = last;
@@ -373,29 +405,30 @@ static ts_status backward_micro(pipe_strategy *p, int m, bool last) {
     if (!st) st = ts_model_fold_compute_grads(t->model, 1.0f);
     ts_tensor_release(g);
     if (st) return st;
-    note(p, 'B', m, t0);
+    note(p, 'B', c, m, t0);
     /* its output was sent long ago: let it go with its graph */
-    if ((st = settle(p, p->pipe, &u->sent[0], "activation header", p->stage + 1)) ||
-        (st = settle(p, p->pipe, &u->sent[1], "activation", p->stage + 1)))
+    if ((st = settle(p, p->pipe, &u->sent[0], "activation header", next_stage(p))) ||
+        (st = settle(p, p->pipe, &u->sent[1], "activation", next_stage(p))))
         return st;
     ts_tensor_release(u->out);
     u->out = NULL;
-    if (p->stage == 0) return TS_OK;
+    if (piece == 0) return TS_OK;
     ts_tensor *dx = u->in->grad;
     if (!dx || dx->dtype != TS_F32 || !ts_tensor_is_contiguous(dx))
         return ts_error(TS_ERR_STATE, "backward left no contiguous f32 gradient for the stage's input");
-    return start_pair(p, p->back, TS_COMM_SEND, ts_f32(dx), ts_tensor_numel(dx), TS_F32, p->stage - 1, &u->sent[2]);
+    return start_pair(p, p->back, TS_COMM_SEND, ts_f32(dx), ts_tensor_numel(dx), TS_F32, prev_stage(p), &u->sent[2]);
 }
 
 /* Waits for what the step still sends and lets its tensors go. */
 static ts_status settle_step(pipe_strategy *p) {
     ts_status first = TS_OK;
-    for (int m = 0; m < p->M; m++) {
-        micro *u = &p->mb[m];
-        p->at_micro = m;
-        ts_status st = settle(p, p->pipe, &u->sent[0], "activation header", p->stage + 1);
-        if (!st) st = settle(p, p->pipe, &u->sent[1], "activation", p->stage + 1);
-        if (!st) st = settle(p, p->back, &u->sent[2], "gradient", p->stage - 1);
+    for (int k = 0; k < p->V * p->M; k++) {
+        micro *u = &p->mb[k];
+        p->at_chunk = k / p->M;
+        p->at_micro = k % p->M;
+        ts_status st = settle(p, p->pipe, &u->sent[0], "activation header", next_stage(p));
+        if (!st) st = settle(p, p->pipe, &u->sent[1], "activation", next_stage(p));
+        if (!st) st = settle(p, p->back, &u->sent[2], "gradient", prev_stage(p));
         if (st && !first) first = stage_error(p);
         ts_tensor_release(u->in);
         ts_tensor_release(u->out);
@@ -440,12 +473,13 @@ static ts_status share_loss(pipe_strategy *p, double *loss) {
 /* Appends the step's intervals to the timeline file. */
 static void write_timeline(pipe_strategy *p) {
     if (!p->timeline) return;
-    fprintf(p->timeline, "{\"step\":%lld,\"stage\":%d,\"replica\":%d,\"stages\":%d,\"micro_batches\":%d,"
-            "\"start\":%.3f,\"end\":%.3f,\"held\":%zu,\"ops\":[", (long long)p->base.trainer->step + 1, p->stage,
-            p->replica, p->P, p->M, p->step_start, ts_clock_ms(), p->step_held);
+    fprintf(p->timeline, "{\"step\":%lld,\"stage\":%d,\"replica\":%d,\"stages\":%d,\"chunks\":%d,"
+            "\"micro_batches\":%d,\"start\":%.3f,\"end\":%.3f,\"held\":%zu,\"ops\":[",
+            (long long)p->base.trainer->step + 1, p->stage, p->replica, p->P, p->V, p->M, p->step_start, ts_clock_ms(),
+            p->step_held);
     for (int i = 0; i < p->niv; i++)
-        fprintf(p->timeline, "%s[\"%c\",%d,%.3f,%.3f,%zu]", i ? "," : "", p->iv[i].kind, p->iv[i].micro,
-                p->iv[i].start, p->iv[i].end, p->iv[i].held);
+        fprintf(p->timeline, "%s[\"%c\",%d,%.3f,%.3f,%zu,%d]", i ? "," : "", p->iv[i].kind, p->iv[i].micro,
+                p->iv[i].start, p->iv[i].end, p->iv[i].held, p->iv[i].chunk);
     fprintf(p->timeline, "]}\n");
     fflush(p->timeline);
 }
@@ -493,17 +527,22 @@ static ts_status await_everyone(pipe_strategy *p, ts_proto_member **r, size_t *n
     return TS_OK;
 }
 
-/* Endpoint `which` (0 the pipeline port, 1 the replicas' port) of the
- * address a worker announced ("PIPE" or "PIPE DP"), into out. */
-static void endpoint_of(const char *address, int which, char *out, size_t cap) {
-    const char *sp = strchr(address, ' ');
-    if (which == 0) snprintf(out, cap, "%.*s", (int)(sp ? sp - address : (long)strlen(address)), address);
-    else snprintf(out, cap, "%s", sp ? sp + 1 : "");
+/* The ports a worker announces, in this order: the pipeline's, the
+ * gradients' (V > 1), the replicas' (D > 1). */
+enum { PORT_PIPE, PORT_BACK, PORT_DP };
+
+/* Field `which` (enum above) of the address a worker announced ("PIPE
+ * [BACK] [DP]"), into out. */
+static void endpoint_of(const pipe_strategy *p, const char *address, int which, char *out, size_t cap) {
+    int field = which == PORT_PIPE ? 0 : which == PORT_BACK ? 1 : p->V > 1 ? 2 : 1;
+    for (int k = 0; k < field && address; k++) address = strchr(address, ' ') ? strchr(address, ' ') + 1 : NULL;
+    const char *sp = address ? strchr(address, ' ') : NULL;
+    snprintf(out, cap, "%.*s", address ? (int)(sp ? sp - address : (long)strlen(address)) : 0, address ? address : "");
 }
 
 /* The communicator over the job ranks first, first + stride, ... (count of
- * them) of roster r, on endpoint which of their addresses; rank = this
- * process's place among them. */
+ * them) of roster r, on endpoint which (PORT_*) of their addresses; rank =
+ * this process's place among them. */
 static ts_comm *make_comm(pipe_strategy *p, const ts_proto_member *r, size_t n, uint64_t g, int first, int stride,
                           int count, int which, ts_ring_port *port, int rank) {
     char (*eps)[TS_PROTO_ADDR_MAX + 1] = calloc((size_t)count, sizeof *eps);
@@ -513,7 +552,7 @@ static ts_comm *make_comm(pipe_strategy *p, const ts_proto_member *r, size_t n, 
         for (int k = 0; k < count; k++) {
             for (size_t i = 0; i < n; i++)
                 if (r[i].role == TS_ROLE_WORKER && r[i].alive && r[i].rank == first + k * stride)
-                    endpoint_of(r[i].address, which, eps[k], sizeof eps[k]);
+                    endpoint_of(p, r[i].address, which, eps[k], sizeof eps[k]);
             peers[k] = eps[k];
         }
         ts_member_info info;
@@ -559,12 +598,15 @@ static ts_status make_comms(pipe_strategy *p) {
     size_t n = 0;
     uint64_t g = 0;
     ts_status st = await_everyone(p, &r, &n, &g);
-    if (!st && !(p->pipe = make_comm(p, r, n, g, p->replica * p->P, 1, p->P, 0, p->pipe_port, p->stage)))
+    if (!st && !(p->pipe = make_comm(p, r, n, g, p->replica * p->P, 1, p->P, PORT_PIPE, p->pipe_port, p->stage)))
         st = ts_last_status();
-    if (!st && p->D > 1 && !(p->dp = make_comm(p, r, n, g, p->stage, p->P, p->D, 1, p->dp_port, p->replica)))
+    p->back = p->pipe;
+    if (!st && p->V > 1 &&
+        !(p->back = make_comm(p, r, n, g, p->replica * p->P, 1, p->P, PORT_BACK, p->back_port, p->stage)))
+        st = ts_last_status();
+    if (!st && p->D > 1 && !(p->dp = make_comm(p, r, n, g, p->stage, p->P, p->D, PORT_DP, p->dp_port, p->replica)))
         st = ts_last_status();
     free(r);
-    p->back = p->pipe;
     p->base.group.generation = g;
     return st;
 }
@@ -582,8 +624,8 @@ static ts_status share(pipe_strategy *p, ts_comm *c, int32_t *buf, int count) {
 /* The stage cut: planned by the job's rank 0 (given, or profiled), then
  * broadcast along its pipeline and from each stage to its replicas. */
 static ts_status plan_cut(pipe_strategy *p, const ts_model_spec *spec) {
-    int units = ts_model_units(spec);
-    int32_t *wire = calloc((size_t)p->P + 1, sizeof *wire);
+    int units = ts_model_units(spec), pieces = p->P * p->V;
+    int32_t *wire = calloc((size_t)pieces + 1, sizeof *wire);
     if (units < 0 || !wire) {
         free(wire);
         return units < 0 ? ts_last_status() : ts_error(TS_ERR_MEMORY, "strategy pipeline: out of memory");
@@ -591,24 +633,26 @@ static ts_status plan_cut(pipe_strategy *p, const ts_model_spec *spec) {
     ts_status st = TS_OK;
     if (p->stage == 0 && p->replica == 0) {
         st = ts_pipeline_plan(&p->base.trainer->job, spec, p->cut);
-        for (int i = 0; i <= p->P; i++) wire[i] = st ? -1 : p->cut[i]; /* -1: the others stop too */
+        for (int i = 0; i <= pieces; i++) wire[i] = st ? -1 : p->cut[i]; /* -1: the others stop too */
     }
     if (p->replica == 0) {
-        ts_status shared = share(p, p->pipe, wire, p->P + 1);
+        ts_status shared = share(p, p->pipe, wire, pieces + 1);
         if (!st) st = shared;
     }
     if (p->dp) {
-        ts_status shared = share(p, p->dp, wire, p->P + 1);
+        ts_status shared = share(p, p->dp, wire, pieces + 1);
         if (!st) st = shared;
     }
-    for (int i = 0; i <= p->P; i++) p->cut[i] = wire[i];
+    for (int i = 0; i <= pieces; i++) p->cut[i] = wire[i];
     if (!st && wire[0] < 0) st = ts_error(TS_ERR_STATE, "stage 0 of replica 0 could not plan the stages");
-    if (!st) st = ts_pipeline_check_cut(p->cut, p->P, units);
+    if (!st) st = ts_pipeline_check_cut(p->cut, pieces, units);
     free(wire);
     return st;
 }
 
-static ts_status pipe_units(ts_strategy *s, const ts_model_spec *spec, int *first, int *end) {
+/* The stage's units: its pieces' runs, the first unit of each chunk in its
+ * model (chunk_at), and a line on the plan from the job's rank 0. */
+static ts_status pipe_units(ts_strategy *s, const ts_model_spec *spec, ts_unit_runs *runs) {
     pipe_strategy *p = (pipe_strategy *)s;
     const ts_job *job = &s->trainer->job;
     if (!s->member) return ts_error(TS_ERR_STATE, "strategy pipeline: the worker has not joined its job");
@@ -622,21 +666,26 @@ static ts_status pipe_units(ts_strategy *s, const ts_model_spec *spec, int *firs
                         "replicas", rank, size, p->P, p->D);
     p->stage = rank % p->P;
     p->replica = rank / p->P;
-    if (!(p->cut = calloc((size_t)p->P + 1, sizeof *p->cut)))
+    if (!(p->cut = calloc((size_t)(p->P * p->V) + 1, sizeof *p->cut)))
         return ts_error(TS_ERR_MEMORY, "strategy pipeline: out of memory");
     st = make_comms(p);
     if (!st) st = plan_cut(p, spec);
     if (st) return ts_error(st, "pipeline stage %d of %d (replica %d): %s", p->stage, p->P, p->replica,
                             ts_last_error());
-    *first = p->cut[p->stage];
-    *end = p->cut[p->stage + 1];
+    runs->n = p->V;
+    for (int c = 0; c < p->V; c++) {
+        runs->first[c] = p->cut[piece_of(p, c)];
+        runs->end[c] = p->cut[piece_of(p, c) + 1];
+        p->chunk_at[c + 1] = p->chunk_at[c] + runs->end[c] - runs->first[c];
+    }
     s->group = (ts_group){.rank = p->replica, .world = p->D, .generation = s->group.generation, .leader = rank == 0};
     if (rank == 0) {
-        printf("pipeline: %d stages x %d replicas, %d micro-batches of %lld, schedule %s; stages start at units",
+        printf("pipeline: %d stages x %d replicas, %d micro-batches of %lld, schedule %s%s; %s start at units",
                p->P, p->D, p->M, (long long)(job->train.batch_size / p->M),
-               job->parallel.schedule == TS_PIPE_GPIPE ? "gpipe" : "1f1b");
-        for (int i = 0; i < p->P; i++) printf(" %d", p->cut[i]);
-        printf(" (of %d)\n", p->cut[p->P]);
+               job->parallel.schedule == TS_PIPE_GPIPE ? "gpipe" : "1f1b", p->V > 1 ? " interleaved" : "",
+               p->V > 1 ? "pieces" : "stages");
+        for (int i = 0; i < p->P * p->V; i++) printf(" %d", p->cut[i]);
+        printf(" (of %d)\n", p->cut[p->P * p->V]);
     }
     return TS_OK;
 }
@@ -658,7 +707,7 @@ static ts_status open_timeline(pipe_strategy *p) {
     snprintf(path, sizeof path, "%s/timeline", t->run_dir);
     mkdir(path, 0755);
     snprintf(path, sizeof path, "%s/timeline/stage-%d-replica-%d.jsonl", t->run_dir, p->stage, p->replica);
-    if (!(p->timeline = fopen(path, "a")) || !(p->iv = calloc((size_t)2 * p->M, sizeof *p->iv)))
+    if (!(p->timeline = fopen(path, "a")) || !(p->iv = calloc((size_t)(2 * p->V * p->M), sizeof *p->iv)))
         return ts_error(TS_ERR_IO, "strategy pipeline: cannot open the timeline %s", path);
     return TS_OK;
 }
@@ -671,21 +720,26 @@ static ts_status pipe_attach(ts_strategy *s) {
         return ts_error(TS_ERR_UNSUPPORTED, "pipeline: stages on %s are not supported yet (device \"cpu\" only)",
                         ts_device_name(m->device));
     p->tied = tied_index(p);
-    p->ops = calloc((size_t)2 * p->M, sizeof *p->ops);
-    p->mb = calloc((size_t)p->M, sizeof *p->mb);
+    int n = p->V * p->M;
+    p->ops = calloc((size_t)2 * n, sizeof *p->ops);
+    p->mb = calloc((size_t)n, sizeof *p->mb);
     if (p->tied >= 0) p->tied_other = malloc((size_t)m->params[p->tied].numel * sizeof(float));
     if (!p->ops || !p->mb || (p->tied >= 0 && !p->tied_other))
         return ts_error(TS_ERR_MEMORY, "strategy pipeline: out of memory for %d micro-batches", p->M);
-    ts_status st = ts_pipe_schedule(t->job.parallel.schedule == TS_PIPE_1F1B, p->P, p->stage, p->M, p->ops);
+    ts_pipe_shape shape = {t->job.parallel.schedule == TS_PIPE_1F1B, p->P, p->V, p->M};
+    ts_status st = ts_pipe_schedule(&shape, p->stage, p->ops);
     if (!st) st = open_timeline(p);
     if (!st && p->D > 1 &&
         !(p->buckets = ts_buckets_new(m, t->job.parallel.bucket_mb, t->job.parallel.wire_dtype == TS_WIRE_BF16)))
         st = ts_last_status();
     if (st) return ts_error(st, "pipeline stage %d of %d (replica %d): %s", p->stage, p->P, p->replica,
                             ts_last_error());
-    printf("pipeline stage %d of %d (replica %d of %d): units [%d, %d), %lld parameters%s\n", p->stage, p->P,
-           p->replica, p->D, p->cut[p->stage], p->cut[p->stage + 1], (long long)m->numel,
-           p->tied >= 0 ? ", wte.weight tied across the first and last stage" : "");
+    char units[512] = "";
+    for (int c = 0, at = 0; c < p->V && at < (int)sizeof units; c++)
+        at += snprintf(units + at, sizeof units - (size_t)at, "%s[%d, %d)", c ? " " : "", p->cut[piece_of(p, c)],
+                       p->cut[piece_of(p, c) + 1]);
+    printf("pipeline stage %d of %d (replica %d of %d): units %s, %lld parameters%s\n", p->stage, p->P, p->replica,
+           p->D, units, (long long)m->numel, p->tied >= 0 ? ", wte.weight tied across the first and last stage" : "");
     return TS_OK;
 }
 
@@ -698,10 +752,12 @@ static ts_status pipe_begin_step(ts_strategy *s, int64_t step) {
 /* The schedule's operations for this step's batch. */
 static ts_status run_schedule(pipe_strategy *p) {
     ts_status st = TS_OK;
-    for (int i = 0; !st && i < 2 * p->M; i++) {
-        p->at_micro = p->ops[i].micro;
-        st = p->ops[i].kind == TS_PIPE_FORWARD ? forward_micro(p, p->ops[i].micro)
-                                               : backward_micro(p, p->ops[i].micro, i == 2 * p->M - 1);
+    for (int i = 0; !st && i < 2 * p->V * p->M; i++) {
+        ts_pipe_op op = p->ops[i];
+        p->at_micro = op.micro;
+        p->at_chunk = op.chunk;
+        st = op.kind == TS_PIPE_FORWARD ? forward_micro(p, op.chunk, op.micro)
+                                        : backward_micro(p, op.chunk, op.micro, op.micro == p->M - 1);
     }
     return st;
 }
@@ -782,25 +838,30 @@ static ts_status pipe_reduce_sums(ts_strategy *s, double *v, int n) {
     return st;
 }
 
-/* Evaluation's forward through the stages: the logits on the last one. */
+/* Evaluation's forward through the stages (through each V times): the
+ * logits on the last one. */
 static ts_status pipe_forward(ts_strategy *s, ts_tensor *x, ts_tensor **out) {
     pipe_strategy *p = (pipe_strategy *)s;
-    ts_tensor *in = NULL, *y = NULL;
     p->at_what = "evaluation";
     p->at_micro = -1;
     *out = NULL;
-    ts_status st = p->stage == 0 ? TS_OK : recv_activation(p, &in, true);
-    if (!st && !(y = ts_model_forward(s->trainer->model, p->stage == 0 ? x : in))) st = ts_last_status();
-    ts_tensor_release(in);
-    if (!st && p->stage == p->P - 1) {
-        *out = y;
-        return TS_OK;
+    ts_status st = TS_OK;
+    for (int c = 0; !st && c < p->V; c++) {
+        int piece = piece_of(p, c);
+        ts_tensor *in = NULL, *y = NULL;
+        st = piece == 0 ? TS_OK : recv_activation(p, c, &in, true);
+        if (!st && !(y = run_chunk(p, c, piece == 0 ? x : in))) st = ts_last_status();
+        ts_tensor_release(in);
+        if (!st && piece == p->P * p->V - 1) {
+            *out = y;
+            return TS_OK;
+        }
+        micro u = {0};
+        if (!st) st = send_activation(p, c, &u, y, true);
+        if (!st) st = settle(p, p->pipe, &u.sent[0], "activation header", next_stage(p));
+        if (!st) st = settle(p, p->pipe, &u.sent[1], "activation", next_stage(p));
+        ts_tensor_release(y);
     }
-    micro u = {0};
-    if (!st) st = send_activation(p, &u, y, true);
-    if (!st) st = settle(p, p->pipe, &u.sent[0], "activation header", p->stage + 1);
-    if (!st) st = settle(p, p->pipe, &u.sent[1], "activation", p->stage + 1);
-    ts_tensor_release(y);
     return st ? stage_error(p) : TS_OK;
 }
 
@@ -830,7 +891,7 @@ static void pipe_free(ts_strategy *s) {
     if (p->back && p->back != p->pipe) ts_comm_abort(p->back);
     if (p->dp) ts_comm_abort(p->dp);
     if (p->buckets) ts_buckets_free(p->buckets);
-    for (int m = 0; p->mb && m < p->M; m++) {
+    for (int m = 0; p->mb && m < p->V * p->M; m++) {
         for (int k = 0; k < 3; k++)
             if (p->mb[m].sent[k]) ts_comm_wait(p->mb[m].sent[k]);
         ts_tensor_release(p->mb[m].in);
@@ -841,6 +902,7 @@ static void pipe_free(ts_strategy *s) {
     ts_comm_free(p->dp);
     for (int k = 0; k < 3; k++) ts_comm_mpi_free(p->mpi_split[k]);
     ts_ring_port_close(p->pipe_port);
+    ts_ring_port_close(p->back_port);
     ts_ring_port_close(p->dp_port);
     if (p->timeline) fclose(p->timeline);
     free(p->iv);
@@ -880,16 +942,27 @@ ts_strategy *ts_strategy_pipeline_new(const ts_strategy_options *o) {
     p->P = jp->stages;
     p->D = jp->data_parallel;
     p->M = jp->micro_batches;
+    p->V = jp->chunks_per_stage;
     p->tied = -1;
     p->at_micro = -1;
     p->mpi_world = o->mpi_comm;
+    if (p->mpi_world && p->V > 1) {
+        /* MPI's sends wait for their receives, and a looped pipeline sends
+         * both ways between two stages: each could wait on the other */
+        ts_error(TS_ERR_UNSUPPORTED, "parallel.chunks_per_stage: %d; interleaved stages run over the ZeroMQ ring "
+                 "(tessera-run), not under mpirun", p->V);
+        free(p);
+        return NULL;
+    }
     if (p->mpi_world) return &p->base; /* MPI carries it all */
     if (!(p->pipe_port = ts_ring_port_for_job(o->job, o->key_file, "pipe")) ||
+        (p->V > 1 && !(p->back_port = ts_ring_port_for_job(o->job, o->key_file, "back"))) ||
         (p->D > 1 && !(p->dp_port = ts_ring_port_for_job(o->job, o->key_file, "dp")))) {
         pipe_free(&p->base);
         return NULL;
     }
-    snprintf(p->base.address, sizeof p->base.address, "%s%s%s", ts_ring_port_endpoint(p->pipe_port),
+    snprintf(p->base.address, sizeof p->base.address, "%s%s%s%s%s", ts_ring_port_endpoint(p->pipe_port),
+             p->back_port ? " " : "", p->back_port ? ts_ring_port_endpoint(p->back_port) : "",
              p->dp_port ? " " : "", p->dp_port ? ts_ring_port_endpoint(p->dp_port) : "");
     return &p->base;
 }

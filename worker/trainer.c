@@ -187,9 +187,9 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     t->job = *job;
     t->job_text = strdup(job_text ? job_text : "{}");
     snprintf(t->run_dir, sizeof t->run_dir, "%s", run_dir ? run_dir : "");
-    int first = 0, end = -1;
+    ts_unit_runs runs = {0};
     ts_status st = ts_job_model_spec(job, &t->spec);
-    if (!st) st = s->ops->units(s, &t->spec, &first, &end);
+    if (!st) st = s->ops->units(s, &t->spec, &runs);
     if (!st) st = load_data(t);
     if (!st) {
         t->loader = make_loader(t, &s->group);
@@ -205,7 +205,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
             st = ts_error(TS_ERR_VALUE, "steps: the job has no steps to run");
     }
     if (!st) {
-        t->model = ts_job_model_build(job, &t->spec, first, end);
+        t->model = ts_job_model_build(job, &t->spec, &runs);
         if (!t->model) st = ts_last_status();
         if (!st) st = ts_model_to(t->model, job_device(job, &s->group));
         if (!st && job->train.bf16) st = ts_model_set_compute_dtype(t->model, TS_BF16);

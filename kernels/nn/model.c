@@ -392,7 +392,8 @@ ts_tensor *ts_model_state_tensor(ts_model *m) {
 
 void ts_model_train(ts_model *m, bool on) { m->training = on; }
 
-ts_tensor *ts_model_forward(ts_model *m, ts_tensor *x) {
+/* The root on x (end < 0), or its children [first, end). */
+static ts_tensor *forward(ts_model *m, ts_tensor *x, int first, int end) {
     if (!m->finalized || !m->root) {
         ts_error(TS_ERR_STATE, "model: forward before the model was built and finalized");
         return NULL;
@@ -403,11 +404,21 @@ ts_tensor *ts_model_forward(ts_model *m, ts_tensor *x) {
      * catches the weights used outside their module, like a tied head) */
     bool pack = m->compute_dtype == TS_BF16 && ts_grad_enabled();
     bool prev = pack && ts_autograd_set_pack_bf16(true);
-    ts_tensor *y = ts_module_forward(m->root, x);
+    ts_tensor *y = end < 0 ? ts_module_forward(m->root, x) : ts_sequential_forward_range(m->root, x, first, end);
     if (!pack) return y;
     ts_autograd_set_pack_bf16(prev);
     ts_model_empty_conversions(m, 0, m->n_params);
     return y;
+}
+
+ts_tensor *ts_model_forward(ts_model *m, ts_tensor *x) { return forward(m, x, 0, -1); }
+
+ts_tensor *ts_model_forward_units(ts_model *m, ts_tensor *x, int first, int end) {
+    if (m->root && (first < 0 || first >= end || end > m->root->n_children)) {
+        ts_error(TS_ERR_INDEX, "model: units [%d, %d) of a model of %d", first, end, m->root->n_children);
+        return NULL;
+    }
+    return forward(m, x, first, end);
 }
 
 void ts_model_empty_conversions(ts_model *m, int first, int n) {

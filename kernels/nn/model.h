@@ -187,6 +187,10 @@ void ts_model_train(ts_model *m, bool on);
 /* Runs the root module on x (see module.h). */
 ts_tensor *ts_model_forward(ts_model *m, ts_tensor *x);
 
+/* Runs the root's children [first, end) on x (the root a Sequential, its
+ * hooks not run): one chunk of a model that holds several. */
+ts_tensor *ts_model_forward_units(ts_model *m, ts_tensor *x, int first, int end);
+
 /* Copies every parameter of src whose name exists in dst (same shape
  * required) into dst; returns how many were copied in *n_copied. */
 ts_status ts_model_copy_params(ts_model *dst, const ts_model *src, int *n_copied);

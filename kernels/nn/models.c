@@ -71,24 +71,37 @@ static ts_module *gpt_unit(ts_model *m, const ts_module *root, const ts_model_sp
 }
 
 ts_model *ts_model_build(const ts_model_spec *s, int first, int end, ts_key key, ts_dtype dtype) {
+    ts_unit_runs one = {.n = 1, .first = {first}, .end = {end}};
+    if (end < 0 && (one.end[0] = ts_model_units(s)) < 0) return NULL;
+    return ts_model_build_runs(s, &one, key, dtype);
+}
+
+ts_model *ts_model_build_runs(const ts_model_spec *s, const ts_unit_runs *runs, ts_key key, ts_dtype dtype) {
     int units = ts_model_units(s);
     if (units < 0) return NULL;
-    if (end < 0) end = units;
-    if (first < 0 || first >= end || end > units) {
-        ts_error(TS_ERR_VALUE, "model: unit range [%d, %d) is not inside [0, %d)", first, end, units);
+    if (runs->n < 1 || runs->n > TS_MAX_UNIT_RUNS) {
+        ts_error(TS_ERR_VALUE, "model: %d runs of units (1 to %d)", runs->n, TS_MAX_UNIT_RUNS);
         return NULL;
+    }
+    for (int i = 0; i < runs->n; i++) {
+        int first = runs->first[i], end = runs->end[i], after = i ? runs->end[i - 1] : 0;
+        if (first < after || first >= end || end > units) {
+            ts_error(TS_ERR_VALUE, "model: unit range [%d, %d) is not inside [%d, %d)", first, end, after, units);
+            return NULL;
+        }
     }
     ts_model *m = ts_model_new();
     if (!m) return NULL;
     m->dtype = dtype;
     m->root = ts_sequential_new(m, NULL, "");
     ts_status st = m->root ? TS_OK : ts_last_status();
-    for (int u = first; !st && u < end; u++) {
-        ts_module *unit = s->arch == TS_ARCH_MLP ? mlp_unit(m, m->root, s, u)
-                          : s->arch == TS_ARCH_CNN ? cnn_unit(m, m->root, s, u)
-                                                   : gpt_unit(m, m->root, s, u);
-        st = ts_module_add_child(m->root, unit);
-    }
+    for (int i = 0; !st && i < runs->n; i++)
+        for (int u = runs->first[i]; !st && u < runs->end[i]; u++) {
+            ts_module *unit = s->arch == TS_ARCH_MLP ? mlp_unit(m, m->root, s, u)
+                              : s->arch == TS_ARCH_CNN ? cnn_unit(m, m->root, s, u)
+                                                       : gpt_unit(m, m->root, s, u);
+            st = ts_module_add_child(m->root, unit);
+        }
     if (!st) st = ts_model_finalize(m, key);
     if (st) {
         ts_model_free(m);

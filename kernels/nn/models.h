@@ -6,7 +6,8 @@
  * GPT = embedding, blocks.0 .. blocks.<L-1>, head. ts_model_build() builds
  * the units [first, end) only, with the same names as in the whole model, so
  * a pipeline stage or any other part holds exactly its slice of the
- * parameters in its own flat buffers.
+ * parameters in its own flat buffers; ts_model_build_runs() builds several
+ * runs of units into one model (an interleaved pipeline stage's chunks).
  */
 #ifndef TS_NN_MODELS_H
 #define TS_NN_MODELS_H
@@ -34,6 +35,17 @@ int ts_model_units(const ts_model_spec *s);
 /* Builds units [first, end) (end = -1: all) and finalizes with key; each
  * parameter gets the value it has in the whole model built with key. */
 ts_model *ts_model_build(const ts_model_spec *s, int first, int end, ts_key key, ts_dtype dtype);
+
+/* Runs of units one model holds: [first[i], end[i]) for i < n, increasing
+ * and disjoint; the root's children are their units one after the other. */
+#define TS_MAX_UNIT_RUNS 64
+typedef struct {
+    int n;
+    int first[TS_MAX_UNIT_RUNS], end[TS_MAX_UNIT_RUNS];
+} ts_unit_runs;
+
+/* ts_model_build of the units of runs. */
+ts_model *ts_model_build_runs(const ts_model_spec *s, const ts_unit_runs *runs, ts_key key, ts_dtype dtype);
 
 /* Splits whole into n parts at the given unit boundaries (n - 1 increasing
  * unit indices strictly inside (0, units)); each part gets its own flat

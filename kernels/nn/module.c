@@ -191,14 +191,18 @@ ts_tensor *ts_module_forward(ts_module *mod, ts_tensor *x) {
 
 /* ---- Sequential ---- */
 
-static ts_tensor *sequential_forward(ts_module *mod, ts_tensor *x) {
+ts_tensor *ts_sequential_forward_range(ts_module *seq, ts_tensor *x, int first, int end) {
     ts_tensor *h = ts_tensor_retain(x);
-    for (int i = 0; i < mod->n_children && h; i++) {
-        ts_tensor *next = ts_module_forward(mod->children[i], h);
+    for (int i = first; i < end && h; i++) {
+        ts_tensor *next = ts_module_forward(seq->children[i], h);
         ts_tensor_release(h);
         h = next;
     }
     return h;
+}
+
+static ts_tensor *sequential_forward(ts_module *mod, ts_tensor *x) {
+    return ts_sequential_forward_range(mod, x, 0, mod->n_children);
 }
 
 static const ts_module_ops sequential_ops = {"Sequential", sequential_forward, NULL};

@@ -85,4 +85,8 @@ ts_key ts_module_dropout_key(const ts_module *mod);
 /* Sequential: runs children in order. */
 ts_module *ts_sequential_new(ts_model *m, const ts_module *parent, const char *name);
 
+/* Runs children [first, end) of Sequential seq on x, in order, without
+ * seq's own hooks (a part of the chain: a pipeline stage's chunk). */
+ts_tensor *ts_sequential_forward_range(ts_module *seq, ts_tensor *x, int first, int end);
+
 #endif

@@ -2,8 +2,9 @@
  * stages with M micro-batches give, under gpipe and 1f1b, the per-step
  * losses of a local run with M-step gradient accumulation (within 1e-5
  * relative over 30 steps; a small GPT whose embedding and head are tied,
- * with clipping, also with activation checkpointing, and an MLP); 2 stages x 2 replicas give a local run's at
- * twice the batch; the same over MPI under mpirun; the stages' checkpoint loads into a local run and into
+ * with clipping, also with activation checkpointing, and an MLP), and so
+ * does interleaved 1F1B (2 chunks per stage; its checkpoint goes on as a
+ * local run); 2 stages x 2 replicas give a local run's at twice the batch; the same over MPI under mpirun; the stages' checkpoint loads into a local run and into
  * another stage count, which continue with an uninterrupted local run's
  * losses; a stage killed -9 stops every other stage with an error naming
  * it, and tessera-run restarts the pipeline from its checkpoint and
@@ -71,6 +72,42 @@ static void test_gpt_2(void **state) { (void)state; equivalence("gpt", 2, 4, 2);
 static void test_gpt_4(void **state) { (void)state; equivalence("gpt", 4, 4, 2); }
 /* activation checkpointing of each stage's blocks changes nothing */
 static void test_gpt_checkpointing(void **state) { (void)state; equivalence("gpt-ckpt", 3, 4, 2); }
+
+/* Interleaved: p stages of 2 chunks each (the model cut into 2p pieces by
+ * profiling), m micro-batches of b, under both schedules, match local with
+ * m-step accumulation at batch b. */
+static void interleaved(const char *arch, int p, int m, int b) {
+    double want[STEPS + 1], got[STEPS + 1];
+    local_losses(arch, b, m, want);
+    const char *scheds[] = {"gpipe", "1f1b"};
+    for (int k = 0; k < 2; k++) {
+        char name[64], par[512];
+        snprintf(name, sizeof name, "pipe-%s-%dx2-%s", arch, p, scheds[k]);
+        pipeline_section(par, sizeof par, p, 1, m, scheds[k], ", \"chunks_per_stage\": 2");
+        th_run_job(name, arch, STEPS, m * b, 1, par, false, got);
+        th_expect_same(got, want, 1, STEPS, name);
+    }
+    assert_int_equal(th_leftovers(), 0);
+}
+
+static void test_interleaved_mlp(void **state) { (void)state; interleaved("mlp", 2, 4, 8); }
+
+/* The GPT (4 units: the embedding and head, tied, on stage 0's first chunk
+ * and stage 1's last); its checkpoint after 20 steps goes on as a local
+ * run with the uninterrupted local run's losses. */
+static void test_interleaved_gpt(void **state) {
+    (void)state;
+    interleaved("gpt", 2, 4, 2);
+    double want[STEPS + 1], got[STEPS + 1];
+    local_losses("gpt", 2, 4, want);
+    char par[512];
+    pipeline_section(par, sizeof par, 2, 1, 4, "1f1b", ", \"chunks_per_stage\": 2");
+    th_run_job("pipe-il-ck", "gpt", 20, 8, 1, par, false, got);
+    th_copy_run(th_path("pipe-il-ck"), th_path("pipe-il-local"));
+    th_run_job("pipe-il-local", "gpt", STEPS, 2, 4, "\"strategy\": \"local\"", true, got);
+    th_expect_same(got, want, 21, STEPS, "local run resumed from 2 stages of 2 chunks");
+    assert_int_equal(th_leftovers(), 0);
+}
 
 /* 2 stages x 2 replicas at batch 8 per replica (4 micro-batches) match a
  * local run at batch 16. */
@@ -193,6 +230,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_2),  cmocka_unit_test(test_mlp_4),           cmocka_unit_test(test_gpt_2),
         cmocka_unit_test(test_gpt_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_dp_2x2),
+        cmocka_unit_test(test_interleaved_mlp), cmocka_unit_test(test_interleaved_gpt),
         cmocka_unit_test(test_checkpoint_cuts), cmocka_unit_test(test_mpirun_2),
         cmocka_unit_test(test_kill_stage),
     };

@@ -136,7 +136,8 @@ static void test_placement(void **state) {
 }
 
 /* strategy "pipeline": its workers are stages x replicas, the batch splits
- * into the micro-batches, the listed cut has one entry per stage. */
+ * into the micro-batches, the listed cut has one entry per piece (stage x
+ * chunk), interleaving wants micro-batches in multiples of the stages. */
 static void test_pipeline(void **state) {
     (void)state;
     ts_job job;
@@ -157,7 +158,20 @@ static void test_pipeline(void **state) {
     expect_error("{\"parallel\": {\"strategy\": \"pipeline\", \"micro_batches\": 3}, \"train\": {\"batch_size\": 32}}",
                  NULL, 0, "parallel.micro_batches: train.batch_size 32 does not split into 3 micro-batches");
     expect_error("{\"parallel\": {\"strategy\": \"pipeline\", \"stages\": 2, \"pipeline_stages\": [1, 2, 3]}}", NULL, 0,
-                 "parallel.pipeline_stages: 3 stages listed but parallel.stages is 2");
+                 "parallel.pipeline_stages: 3 pieces listed but parallel.stages 2 x parallel.chunks_per_stage 1 is 2");
+    /* interleaved: a piece per stage and chunk, M a multiple of P */
+    const char *interleaved = "{\"parallel\": {\"strategy\": \"pipeline\", \"stages\": 2, \"chunks_per_stage\": 2, "
+                              "\"micro_batches\": 4, \"pipeline_stages\": [1, 2, 1, 2]}, \"train\": {\"batch_size\": 8}}";
+    assert_int_equal(ts_job_parse(interleaved, NULL, 0, &job), TS_OK);
+    assert_int_equal(job.parallel.chunks_per_stage, 2);
+    assert_int_equal(job.parallel.workers, 2);
+    expect_error("{\"parallel\": {\"strategy\": \"pipeline\", \"stages\": 2, \"chunks_per_stage\": 2, "
+                 "\"pipeline_stages\": [8, 9]}}", NULL, 0,
+                 "parallel.pipeline_stages: 2 pieces listed but parallel.stages 2 x parallel.chunks_per_stage 2 is 4");
+    expect_error("{\"parallel\": {\"strategy\": \"pipeline\", \"stages\": 4, \"chunks_per_stage\": 2, "
+                 "\"micro_batches\": 6}, \"train\": {\"batch_size\": 12}}", NULL, 0,
+                 "parallel.micro_batches: 6; interleaving 2 chunks per stage needs a multiple of parallel.stages (4)");
+    expect_error("{\"parallel\": {\"chunks_per_stage\": 0}}", NULL, 0, "parallel.chunks_per_stage");
     expect_error("{\"parallel\": {\"strategy\": \"pipeline\"}, \"train\": {\"accum_steps\": 2}}", NULL, 0,
                  "train.accum_steps: 2; a pipeline accumulates its micro-batches");
     expect_error("{\"parallel\": {\"schedule\": \"zb\"}}", NULL, 0, "parallel.schedule");
