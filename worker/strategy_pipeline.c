@@ -19,7 +19,8 @@
  * gradients backward between neighbouring stages over the replica's
  * communicator (send/recv, in order per pair; the ring over ZeroMQ, or MPI
  * under mpirun; with V > 1 the gradients have a communicator of their own,
- * since the activations then flow both ways between two stages too): a
+ * since the activations then flow both ways between two stages too, and
+ * under mpirun the sends queue apart from the receives): a
  * forward's output is sent (its shape first for each chunk's first
  * micro-batch of the step only: every micro-batch of a step has its rows
  * and shape, so the next stage expects it and a hand-off is one message)
@@ -117,6 +118,12 @@ typedef struct {
                                 * directions must not queue behind each other)
                                 * and with V > 1 (a pair's stream must carry
                                 * one kind of data) */
+    ts_comm *pipe_tx, *back_tx; /* where pipe's and back's sends queue: themselves,
+                                * but under mpirun with V > 1 queues of their own
+                                * on the same MPI communicators (a looped
+                                * pipeline sends both ways between two stages,
+                                * and an MPI send waits for its receive: queued
+                                * before a receive it would wait on itself) */
     ts_comm *dp;               /* rank = replica; NULL when D = 1 */
     ts_buckets *buckets;       /* D > 1: the gradient buckets averaged over dp */
     ts_pipe_op *ops;           /* this stage's order, 2VM operations */
@@ -201,9 +208,17 @@ static void look(pipe_strategy *p) {
     free(r);
 }
 
+/* Aborts every communicator of the stage (the pipeline broke, or ends). */
+static void abort_all(pipe_strategy *p) {
+    ts_comm *all[] = {p->pipe, p->back, p->pipe_tx, p->back_tx, p->dp};
+    for (int k = 0; k < 5; k++)
+        if (all[k]) ts_comm_abort(all[k]);
+}
+
 /* Waits for req, looking at the job while it waits: a broken pipeline
- * abandons the operation. The time goes to the step's wait_ms. */
-static ts_status finish(pipe_strategy *p, ts_comm *c, ts_comm_req *req) {
+ * abandons the operation (and every other). The time goes to the step's
+ * wait_ms. */
+static ts_status finish(pipe_strategy *p, ts_comm_req *req) {
     double t0 = ts_clock_ms();
     for (;;) {
         bool done;
@@ -213,16 +228,18 @@ static ts_status finish(pipe_strategy *p, ts_comm *c, ts_comm_req *req) {
             return st;
         }
         look(p);
-        if (p->lost[0]) ts_comm_abort(c);
+        if (p->lost[0]) abort_all(p);
     }
 }
 
 /* Starts a send or receive of count elements of buf with the stage peer on
- * c (p->pipe: activations, forward; p->back: gradients, backward). */
+ * c (p->pipe: activations, forward; p->back: gradients, backward; a send
+ * queues on c's pipe_tx or back_tx). */
 static ts_status start_pair(pipe_strategy *p, ts_comm *c, ts_comm_kind kind, void *buf, int64_t count, ts_dtype dt,
                             int peer, ts_comm_req **req) {
     ts_comm_op op = {.kind = kind, .send = buf, .recv = buf, .count = count, .dtype = dt, .peer = peer,
                      .step = p->base.trainer->step + 1};
+    if (kind == TS_COMM_SEND) c = c == p->pipe ? p->pipe_tx : c == p->back ? p->back_tx : c;
     return ts_comm_start(c, &op, req);
 }
 
@@ -232,15 +249,15 @@ static ts_status recv_from(pipe_strategy *p, ts_comm *c, void *buf, int64_t coun
                            const char *what) {
     ts_comm_req *req;
     ts_status st = start_pair(p, c, TS_COMM_RECV, buf, count, dt, peer, &req);
-    if (!st) st = finish(p, c, req);
+    if (!st) st = finish(p, req);
     if (st) return ts_error(st, "%s from stage %d: %s", what, peer, ts_last_error());
     return TS_OK;
 }
 
-/* Waits for a send started earlier on c (NULL: none). */
-static ts_status settle(pipe_strategy *p, ts_comm *c, ts_comm_req **req, const char *what, int peer) {
+/* Waits for a send started earlier (*req NULL: none). */
+static ts_status settle(pipe_strategy *p, ts_comm_req **req, const char *what, int peer) {
     if (!*req) return TS_OK;
-    ts_status st = finish(p, c, *req);
+    ts_status st = finish(p, *req);
     *req = NULL;
     if (st) return ts_error(st, "%s to stage %d: %s", what, peer, ts_last_error());
     return TS_OK;
@@ -407,8 +424,8 @@ static ts_status backward_micro(pipe_strategy *p, int c, int m, bool last) {
     if (st) return st;
     note(p, 'B', c, m, t0);
     /* its output was sent long ago: let it go with its graph */
-    if ((st = settle(p, p->pipe, &u->sent[0], "activation header", next_stage(p))) ||
-        (st = settle(p, p->pipe, &u->sent[1], "activation", next_stage(p))))
+    if ((st = settle(p, &u->sent[0], "activation header", next_stage(p))) ||
+        (st = settle(p, &u->sent[1], "activation", next_stage(p))))
         return st;
     ts_tensor_release(u->out);
     u->out = NULL;
@@ -426,9 +443,9 @@ static ts_status settle_step(pipe_strategy *p) {
         micro *u = &p->mb[k];
         p->at_chunk = k / p->M;
         p->at_micro = k % p->M;
-        ts_status st = settle(p, p->pipe, &u->sent[0], "activation header", next_stage(p));
-        if (!st) st = settle(p, p->pipe, &u->sent[1], "activation", next_stage(p));
-        if (!st) st = settle(p, p->back, &u->sent[2], "gradient", prev_stage(p));
+        ts_status st = settle(p, &u->sent[0], "activation header", next_stage(p));
+        if (!st) st = settle(p, &u->sent[1], "activation", next_stage(p));
+        if (!st) st = settle(p, &u->sent[2], "gradient", prev_stage(p));
         if (st && !first) first = stage_error(p);
         ts_tensor_release(u->in);
         ts_tensor_release(u->out);
@@ -455,7 +472,7 @@ static ts_status tie_grads(pipe_strategy *p) {
     ts_comm *out = p->stage == 0 ? p->pipe : p->back, *in = p->stage == 0 ? p->back : p->pipe;
     ts_status st = start_pair(p, out, TS_COMM_SEND, g, w->numel, TS_F32, other, &req);
     if (!st) st = recv_from(p, in, p->tied_other, w->numel, TS_F32, other, "gradient of the tied wte.weight");
-    if (!st) st = settle(p, out, &req, "gradient of the tied wte.weight", other);
+    if (!st) st = settle(p, &req, "gradient of the tied wte.weight", other);
     for (int64_t i = 0; !st && i < w->numel; i++) g[i] += p->tied_other[i];
     return st;
 }
@@ -487,7 +504,7 @@ static void write_timeline(pipe_strategy *p) {
 /* A bucket's wait over the replicas' communicator. */
 static ts_status bucket_wait(void *ctx, ts_comm_req *req) {
     pipe_strategy *p = ctx;
-    return finish(p, p->dp, req);
+    return finish(p, req);
 }
 
 /* ---- the hooks ---- */
@@ -584,6 +601,9 @@ static ts_status make_mpi_comms(pipe_strategy *p) {
         ts_comm_config cfg = {.rank = key[k], .size = size[k], .generation = info.generation,
                               .timeout_ms = (int)info.barrier_timeout_ms, .native = p->mpi_split[k]};
         if (!st && !(*out[k] = ts_comm_create(be, &cfg))) st = ts_last_status();
+        /* interleaved: the sends' own queues on the pipeline's two */
+        ts_comm **tx = k == 0 ? &p->pipe_tx : &p->back_tx;
+        if (!st && k < 2 && p->V > 1 && !(*tx = ts_comm_create(be, &cfg))) st = ts_last_status();
     }
     p->base.group.generation = info.generation;
     return st;
@@ -593,7 +613,12 @@ static ts_status make_mpi_comms(pipe_strategy *p) {
  * communicator, once every worker of the job is there (their ports), or
  * over MPI under mpirun. */
 static ts_status make_comms(pipe_strategy *p) {
-    if (p->mpi_world) return make_mpi_comms(p);
+    if (p->mpi_world) {
+        ts_status st = make_mpi_comms(p);
+        if (!p->pipe_tx) p->pipe_tx = p->pipe;
+        if (!p->back_tx) p->back_tx = p->back;
+        return st;
+    }
     ts_proto_member *r = NULL;
     size_t n = 0;
     uint64_t g = 0;
@@ -607,6 +632,8 @@ static ts_status make_comms(pipe_strategy *p) {
     if (!st && p->D > 1 && !(p->dp = make_comm(p, r, n, g, p->stage, p->P, p->D, PORT_DP, p->dp_port, p->replica)))
         st = ts_last_status();
     free(r);
+    p->pipe_tx = p->pipe; /* the ring's sends never wait for their receives */
+    p->back_tx = p->back;
     p->base.group.generation = g;
     return st;
 }
@@ -618,7 +645,7 @@ static ts_status share(pipe_strategy *p, ts_comm *c, int32_t *buf, int count) {
                      .peer = 0, .step = -1};
     ts_comm_req *req;
     ts_status st = ts_comm_start(c, &op, &req);
-    return st ? st : finish(p, c, req);
+    return st ? st : finish(p, req);
 }
 
 /* The stage cut: planned by the job's rank 0 (given, or profiled), then
@@ -858,8 +885,8 @@ static ts_status pipe_forward(ts_strategy *s, ts_tensor *x, ts_tensor **out) {
         }
         micro u = {0};
         if (!st) st = send_activation(p, c, &u, y, true);
-        if (!st) st = settle(p, p->pipe, &u.sent[0], "activation header", next_stage(p));
-        if (!st) st = settle(p, p->pipe, &u.sent[1], "activation", next_stage(p));
+        if (!st) st = settle(p, &u.sent[0], "activation header", next_stage(p));
+        if (!st) st = settle(p, &u.sent[1], "activation", next_stage(p));
         ts_tensor_release(y);
     }
     return st ? stage_error(p) : TS_OK;
@@ -887,9 +914,7 @@ static ts_status pipe_load(ts_strategy *s, const char *dir) { return ts_strategy
 static void pipe_free(ts_strategy *s) {
     pipe_strategy *p = (pipe_strategy *)s;
     if (p->have_batch) ts_batch_release(&p->batch);
-    if (p->pipe) ts_comm_abort(p->pipe);
-    if (p->back && p->back != p->pipe) ts_comm_abort(p->back);
-    if (p->dp) ts_comm_abort(p->dp);
+    abort_all(p);
     if (p->buckets) ts_buckets_free(p->buckets);
     for (int m = 0; p->mb && m < p->V * p->M; m++) {
         for (int k = 0; k < 3; k++)
@@ -897,6 +922,8 @@ static void pipe_free(ts_strategy *s) {
         ts_tensor_release(p->mb[m].in);
         ts_tensor_release(p->mb[m].out);
     }
+    if (p->pipe_tx != p->pipe) ts_comm_free(p->pipe_tx);
+    if (p->back_tx != p->back) ts_comm_free(p->back_tx);
     if (p->back != p->pipe) ts_comm_free(p->back);
     ts_comm_free(p->pipe);
     ts_comm_free(p->dp);
@@ -946,14 +973,6 @@ ts_strategy *ts_strategy_pipeline_new(const ts_strategy_options *o) {
     p->tied = -1;
     p->at_micro = -1;
     p->mpi_world = o->mpi_comm;
-    if (p->mpi_world && p->V > 1) {
-        /* MPI's sends wait for their receives, and a looped pipeline sends
-         * both ways between two stages: each could wait on the other */
-        ts_error(TS_ERR_UNSUPPORTED, "parallel.chunks_per_stage: %d; interleaved stages run over the ZeroMQ ring "
-                 "(tessera-run), not under mpirun", p->V);
-        free(p);
-        return NULL;
-    }
     if (p->mpi_world) return &p->base; /* MPI carries it all */
     if (!(p->pipe_port = ts_ring_port_for_job(o->job, o->key_file, "pipe")) ||
         (p->V > 1 && !(p->back_port = ts_ring_port_for_job(o->job, o->key_file, "back"))) ||

@@ -314,8 +314,9 @@ const char *th_job_file(const char *name, const char *arch, int steps, int batch
                  "\"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.002, \"clip_norm\": 1.0}");
     else
         snprintf(model, sizeof model,
-                 "\"model\": {\"arch\": \"mlp\", \"hidden\": [64, 48, 32]}, \"data\": {\"kind\": \"fashion_mnist\"}, "
-                 "\"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.002}");
+                 "\"model\": {\"arch\": \"mlp\", \"hidden\": %s}, \"data\": {\"kind\": \"fashion_mnist\"}, "
+                 "\"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.002}",
+                 strcmp(arch, "mlp-wide") == 0 ? "[512, 512, 512]" : "[64, 48, 32]");
     snprintf(text, sizeof text,
              "{\"name\": \"%s\", \"seed\": 5, \"steps\": %d, %s,\n"
              " \"schedule\": {\"kind\": \"constant\"},\n"

@@ -78,7 +78,8 @@ void th_expect_output(const th_proc *p, const char *needle, int timeout_ms);
 /* ---- training jobs ---- */
 
 /* Writes the job file name.json: model, data and optimizer of arch ("mlp":
- * hidden [64, 48, 32]; "cnn" and "gpt", a small GPT whose embedding and
+ * hidden [64, 48, 32]; "mlp-wide": hidden [512, 512, 512], whose
+ * activations MPI hands over only to a posted receive; "cnn" and "gpt", a small GPT whose embedding and
  * head are tied, both with clipping; "gpt-ckpt": that GPT with activation
  * checkpointing; "gpt-bf16": that GPT computing in bf16), seed 5, steps,
  * batch, accum micro-batches, a log line

@@ -4,11 +4,13 @@
  * relative over 30 steps; a small GPT whose embedding and head are tied,
  * with clipping, also with activation checkpointing, and an MLP), and so
  * does interleaved 1F1B (2 chunks per stage; its checkpoint goes on as a
- * local run); 2 stages x 2 replicas give a local run's at twice the batch; the same over MPI under mpirun; the stages' checkpoint loads into a local run and into
- * another stage count, which continue with an uninterrupted local run's
- * losses; a stage killed -9 stops every other stage with an error naming
+ * local run); 2 stages x 2 replicas give a local run's at twice the batch;
+ * the same over MPI under mpirun, plain and interleaved; the stages'
+ * checkpoint loads into a local run and into another stage count, which
+ * continue with an uninterrupted local run's losses; a stage killed -9
+ * (plain and interleaved) stops every other stage with an error naming
  * it, and tessera-run restarts the pipeline from its checkpoint and
- * finishes. Run one scenario by name: cluster_test_pipeline <name>. */
+ * finishes. Run one scenario by name: cluster_test_pipeline test_<name>. */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -121,26 +123,32 @@ static void test_dp_2x2(void **state) {
 }
 
 /* The same under mpirun: the scheduler and 2 stages as MPI processes,
- * activations, gradients and the tied weight's gradient over MPI. */
-static void test_mpirun_2(void **state) {
-    (void)state;
+ * activations, gradients and the tied weight's gradient over MPI (the
+ * GPT); interleaved (2 chunks per stage: activations then flow both ways
+ * between the two stages), the wide MLP, whose 16 KiB activations MPI
+ * hands over only to a posted receive. */
+static void mpirun_pipeline(const char *name, const char *arch, int b, int chunks) {
     th_need_mpirun();
     double want[STEPS + 1], got[STEPS + 1];
-    local_losses("gpt", 2, 4, want);
-    char par[512];
-    pipeline_section(par, sizeof par, 2, 1, 4, "1f1b", "");
-    const char *job = th_job_file("pipe-mpi", "gpt", STEPS, 8, 1, par);
-    const char *dir = th_path("pipe-mpi");
+    local_losses(arch, b, 4, want);
+    char par[512], extra[64];
+    snprintf(extra, sizeof extra, ", \"chunks_per_stage\": %d", chunks);
+    pipeline_section(par, sizeof par, 2, 1, 4, "1f1b", extra);
+    const char *job = th_job_file(name, arch, STEPS, 4 * b, 1, par);
+    const char *dir = th_path(name);
     char bin[4200], set[4300];
     snprintf(bin, sizeof bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
     snprintf(set, sizeof set, "train.run_dir=%s", dir);
     const char *argv[] = {"mpirun", "-np", "3", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
                           bin, "--mpi", job, "--set", set, NULL};
-    th_proc p = th_start("pipe-mpi", argv);
+    th_proc p = th_start(name, argv);
     th_wait_mpirun(&p, 240000);
     if (th_losses(dir, got, STEPS) != STEPS) th_dump(&p, "the run did not log every step");
-    th_expect_same(got, want, 1, STEPS, "mpirun, 2 stages");
+    th_expect_same(got, want, 1, STEPS, name);
 }
+
+static void test_mpirun_2(void **state) { (void)state; mpirun_pipeline("pipe-mpi", "gpt", 2, 1); }
+static void test_mpirun_interleaved(void **state) { (void)state; mpirun_pipeline("pipe-mpi-il", "mlp-wide", 8, 2); }
 
 /* A 4-stage run stopped after step 20 (its checkpoint) continues as a
  * local run and as a 2-stage pipeline with an uninterrupted local run's
@@ -190,21 +198,25 @@ static int names_stage_1(const th_proc *p, int stage) {
     return found;
 }
 
-/* kill -9 of stage 1 of 3 mid-training: stages 0 and 2 stop with errors
- * naming it, tessera-run restarts all three from the last checkpoint, and
- * the job finishes with an uninterrupted local run's losses. */
-static void test_kill_stage(void **state) {
-    (void)state;
+/* kill -9 of stage 1 of 3 mid-training (chunks per stage; with 2 the
+ * pipeline loops, stage 2 handing on to stage 0): stages 0 and 2 stop with
+ * errors naming it, tessera-run restarts all three from the last
+ * checkpoint, and the job finishes with an uninterrupted local run's
+ * losses. */
+static void kill_stage(const char *name, int chunks) {
     enum { KSTEPS = 60 };
+    int m = chunks > 1 ? 6 : 4; /* interleaving: a multiple of the 3 stages */
     double want[KSTEPS + 1], got[KSTEPS + 1];
-    th_run_job("pipe-kill-local", "mlp", KSTEPS, 8, 4, "\"strategy\": \"local\"", false, want);
+    char local[64], extra[128], par[512];
+    snprintf(local, sizeof local, "%s-local", name);
+    th_run_job(local, "mlp", KSTEPS, 8, m, "\"strategy\": \"local\"", false, want);
 
-    char par[512];
-    pipeline_section(par, sizeof par, 3, 1, 4, "1f1b", ", \"max_restarts\": 1, \"timeline\": true");
-    const char *job = th_job_file("pipe-kill", "mlp", KSTEPS, 32, 1, par);
-    const char *dir = th_path("pipe-kill");
+    snprintf(extra, sizeof extra, ", \"max_restarts\": 1, \"timeline\": true, \"chunks_per_stage\": %d", chunks);
+    pipeline_section(par, sizeof par, 3, 1, m, "1f1b", extra);
+    const char *job = th_job_file(name, "mlp", KSTEPS, 8 * m, 1, par);
+    const char *dir = th_path(name);
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
-    th_proc run = th_start("pipe-kill", argv);
+    th_proc run = th_start(name, argv);
     if (th_wait_for(&run, "step 25/60", 90000) != 0) th_dump(&run, "no step 25");
     pid_t victim = worker_pid(&run, 1);
     assert_true(victim > 0);
@@ -225,14 +237,17 @@ static void test_kill_stage(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+static void test_kill_stage(void **state) { (void)state; kill_stage("pipe-kill", 1); }
+static void test_kill_stage_interleaved(void **state) { (void)state; kill_stage("pipe-kill-il", 2); }
+
 int main(int argc, char **argv) {
     th_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_2),  cmocka_unit_test(test_mlp_4),           cmocka_unit_test(test_gpt_2),
         cmocka_unit_test(test_gpt_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_dp_2x2),
         cmocka_unit_test(test_interleaved_mlp), cmocka_unit_test(test_interleaved_gpt),
-        cmocka_unit_test(test_checkpoint_cuts), cmocka_unit_test(test_mpirun_2),
-        cmocka_unit_test(test_kill_stage),
+        cmocka_unit_test(test_checkpoint_cuts), cmocka_unit_test(test_mpirun_2), cmocka_unit_test(test_mpirun_interleaved),
+        cmocka_unit_test(test_kill_stage), cmocka_unit_test(test_kill_stage_interleaved),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
