@@ -315,15 +315,18 @@ static ts_status refill(const ts_param *p, ts_tensor *c) {
 ts_tensor *ts_model_param(const ts_model *m, int i) {
     ts_param *p = &m->params[i];
     if (m->compute_dtype != TS_BF16) return p->value;
-    /* a cached conversion serves until a backward consumed its graph; one
-     * made without gradients does not serve a forward that records */
+    /* a cached conversion serves the forward it was made in, until a
+     * backward consumed its graph; one made without gradients does not
+     * serve a forward that records */
     ts_tensor *c = p->compute;
-    bool stale = c && ts_grad_enabled() && (!c->grad_fn || c->grad_fn->freed);
+    bool stale = c && ts_grad_enabled() &&
+                 (!c->grad_fn || c->grad_fn->freed || p->compute_forward != m->forwards);
     if (!c || stale) {
         c = ts_to_dtype(p->value16, TS_F32);
         if (!c) return NULL;
         ts_tensor_release(p->compute);
         p->compute = c;
+        p->compute_forward = m->forwards;
     } else if (!c->storage && refill(p, c)) {
         return NULL;
     }
@@ -403,6 +406,7 @@ static ts_tensor *forward(ts_model *m, ts_tensor *x, int first, int end) {
      * empties its weights' f32 conversions when its forward is done; this
      * catches the weights used outside their module, like a tied head) */
     bool pack = m->compute_dtype == TS_BF16 && ts_grad_enabled();
+    if (pack) m->forwards++;
     bool prev = pack && ts_autograd_set_pack_bf16(true);
     ts_tensor *y = end < 0 ? ts_module_forward(m->root, x) : ts_sequential_forward_range(m->root, x, first, end);
     if (!pack) return y;

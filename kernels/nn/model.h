@@ -67,6 +67,7 @@ typedef struct {
     ts_tensor *value16;    /* bf16 compute: view into flat_params16 (leaf), else NULL */
     ts_tensor *compute;    /* bf16 compute: the f32 tensor made from value16 that
                             * forwards use, cached until sync or fold, or NULL */
+    uint64_t compute_forward; /* the forward with gradients it was made in */
 } ts_param;
 
 typedef struct ts_module ts_module;
@@ -87,6 +88,10 @@ typedef struct ts_model {
     ts_device device;       /* where the buffers live (the CPU until ts_model_to) */
     bool finalized;
     bool training;
+    uint64_t forwards;      /* forwards with gradients so far (bf16: a conversion
+                             * serves the forward it was made in, so that
+                             * micro-batches in flight at once - a pipeline's -
+                             * each have their own to backward through) */
     ts_key dropout_key;     /* set per step by the training loop */
     bool grads_detached;    /* each parameter has a gradient of its own
                              * (ts_model_detach_grads), not a flat-buffer view */

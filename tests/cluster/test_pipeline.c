@@ -4,7 +4,8 @@
  * relative over 30 steps; a small GPT whose embedding and head are tied,
  * with clipping, also with activation checkpointing, and an MLP), and so
  * does interleaved 1F1B (2 chunks per stage; its checkpoint goes on as a
- * local run); 2 stages x 2 replicas give a local run's at twice the batch;
+ * local run), and with bf16 compute the local bf16 run's; 2 stages x 2
+ * replicas give a local run's at twice the batch;
  * the same over MPI under mpirun, plain and interleaved; the stages'
  * checkpoint loads into a local run and into another stage count, which
  * continue with an uninterrupted local run's losses; a stage killed -9
@@ -108,6 +109,25 @@ static void test_interleaved_gpt(void **state) {
     th_copy_run(th_path("pipe-il-ck"), th_path("pipe-il-local"));
     th_run_job("pipe-il-local", "gpt", STEPS, 2, 4, "\"strategy\": \"local\"", true, got);
     th_expect_same(got, want, 21, STEPS, "local run resumed from 2 stages of 2 chunks");
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* bf16 compute: the micro-batches in flight at once each backward through
+ * their own bf16 -> f32 conversions of the weights (one shared by two would
+ * be freed by the first backward); the MLP's losses equal the local bf16
+ * run's with accumulation, plain and interleaved. */
+static void test_bf16(void **state) {
+    (void)state;
+    double want[STEPS + 1], got[STEPS + 1];
+    local_losses("mlp-bf16", 8, 4, want);
+    for (int chunks = 1; chunks <= 2; chunks++) {
+        char name[64], par[512], extra[64];
+        snprintf(name, sizeof name, "pipe-bf16-%d", chunks);
+        snprintf(extra, sizeof extra, ", \"chunks_per_stage\": %d", chunks);
+        pipeline_section(par, sizeof par, 2, 1, 4, "1f1b", extra);
+        th_run_job(name, "mlp-bf16", STEPS, 32, 1, par, false, got);
+        th_expect_same(got, want, 1, STEPS, name);
+    }
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -245,7 +265,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_2),  cmocka_unit_test(test_mlp_4),           cmocka_unit_test(test_gpt_2),
         cmocka_unit_test(test_gpt_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_dp_2x2),
-        cmocka_unit_test(test_interleaved_mlp), cmocka_unit_test(test_interleaved_gpt),
+        cmocka_unit_test(test_interleaved_mlp), cmocka_unit_test(test_interleaved_gpt), cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_checkpoint_cuts), cmocka_unit_test(test_mpirun_2), cmocka_unit_test(test_mpirun_interleaved),
         cmocka_unit_test(test_kill_stage), cmocka_unit_test(test_kill_stage_interleaved),
     };
