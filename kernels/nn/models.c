@@ -70,6 +70,26 @@ static ts_module *gpt_unit(ts_model *m, const ts_module *root, const ts_model_sp
     return b;
 }
 
+/* Unit u of spec s, a child of m's root. */
+static ts_module *unit_new(ts_model *m, const ts_model_spec *s, int u) {
+    return s->arch == TS_ARCH_MLP   ? mlp_unit(m, m->root, s, u)
+           : s->arch == TS_ARCH_CNN ? cnn_unit(m, m->root, s, u)
+                                    : gpt_unit(m, m->root, s, u);
+}
+
+/* Counts the modules unit u has in the whole model into m's, without
+ * building it into m (*skip: a scratch model whose parameters are never
+ * allocated), so that the units m does build get the module indices - and
+ * so the dropout keys - they have in the whole model. */
+static ts_status skip_unit(ts_model *m, ts_model **skip, const ts_model_spec *s, int u) {
+    if (!*skip && (!(*skip = ts_model_new()) || !((*skip)->root = ts_sequential_new(*skip, NULL, ""))))
+        return ts_last_status();
+    int before = (*skip)->n_modules;
+    ts_status st = ts_module_add_child((*skip)->root, unit_new(*skip, s, u));
+    m->n_modules += (*skip)->n_modules - before;
+    return st;
+}
+
 ts_model *ts_model_build(const ts_model_spec *s, int first, int end, ts_key key, ts_dtype dtype) {
     ts_unit_runs one = {.n = 1, .first = {first}, .end = {end}};
     if (end < 0 && (one.end[0] = ts_model_units(s)) < 0) return NULL;
@@ -95,13 +115,12 @@ ts_model *ts_model_build_runs(const ts_model_spec *s, const ts_unit_runs *runs, 
     m->dtype = dtype;
     m->root = ts_sequential_new(m, NULL, "");
     ts_status st = m->root ? TS_OK : ts_last_status();
-    for (int i = 0; !st && i < runs->n; i++)
-        for (int u = runs->first[i]; !st && u < runs->end[i]; u++) {
-            ts_module *unit = s->arch == TS_ARCH_MLP ? mlp_unit(m, m->root, s, u)
-                              : s->arch == TS_ARCH_CNN ? cnn_unit(m, m->root, s, u)
-                                                       : gpt_unit(m, m->root, s, u);
-            st = ts_module_add_child(m->root, unit);
-        }
+    ts_model *skip = NULL;
+    for (int i = 0, next = 0; !st && i < runs->n; next = runs->end[i++]) {
+        for (int u = next; !st && u < runs->first[i]; u++) st = skip_unit(m, &skip, s, u);
+        for (int u = runs->first[i]; !st && u < runs->end[i]; u++) st = ts_module_add_child(m->root, unit_new(m, s, u));
+    }
+    ts_model_free(skip);
     if (!st) st = ts_model_finalize(m, key);
     if (st) {
         ts_model_free(m);

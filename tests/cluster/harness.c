@@ -305,9 +305,9 @@ const char *th_job_file(const char *name, const char *arch, int steps, int batch
     if (strncmp(arch, "gpt", 3) == 0)
         snprintf(model, sizeof model,
                  "\"model\": {\"arch\": \"gpt\", \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, \"block_size\": 16, "
-                 "\"dropout\": 0.0, \"checkpoint\": %s}, \"data\": {\"kind\": \"text\", \"val_fraction\": 0.05}, "
+                 "\"dropout\": %s, \"checkpoint\": %s}, \"data\": {\"kind\": \"text\", \"val_fraction\": 0.05}, "
                  "\"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.003, \"clip_norm\": 0.5}",
-                 strcmp(arch, "gpt-ckpt") == 0 ? "true" : "false");
+                 strcmp(arch, "gpt-dropout") == 0 ? "0.1" : "0.0", strcmp(arch, "gpt-ckpt") == 0 ? "true" : "false");
     else if (strcmp(arch, "cnn") == 0)
         snprintf(model, sizeof model,
                  "\"model\": {\"arch\": \"cnn\"}, \"data\": {\"kind\": \"fashion_mnist\"}, "

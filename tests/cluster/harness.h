@@ -81,7 +81,8 @@ void th_expect_output(const th_proc *p, const char *needle, int timeout_ms);
  * hidden [64, 48, 32]; "mlp-wide": hidden [512, 512, 512], whose
  * activations MPI hands over only to a posted receive; "cnn" and "gpt", a small GPT whose embedding and
  * head are tied, both with clipping; "gpt-ckpt": that GPT with activation
- * checkpointing; "gpt-bf16": that GPT computing in bf16), seed 5, steps,
+ * checkpointing; "gpt-bf16": that GPT computing in bf16; "gpt-dropout":
+ * with dropout 0.1), seed 5, steps,
  * batch, accum micro-batches, a log line
  * and a checkpoint every 10 steps; parallel is the "parallel" section's
  * body. Returns its path. */

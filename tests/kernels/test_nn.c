@@ -166,6 +166,56 @@ static void test_slice_built_from_seed(void **state) {
     ts_model_free(tail);
 }
 
+/* Checks that module a and its descendants have the indices of their
+ * counterparts b in the whole model (what their dropout keys fold in). */
+static void expect_same_indices(const ts_module *a, const ts_module *b) {
+    assert_string_equal(a->name, b->name);
+    assert_int_equal(a->index, b->index);
+    assert_int_equal(a->n_children, b->n_children);
+    for (int i = 0; i < a->n_children; i++) expect_same_indices(a->children[i], b->children[i]);
+}
+
+/* Runs of units [0, 1) and [2, 4) (an interleaved pipeline stage's chunks)
+ * in one model: the whole model's values, its modules' indices, and each
+ * chunk run alone (ts_model_forward_units) computes what the whole's units
+ * compute. */
+static void test_runs_of_units(void **state) {
+    (void)state;
+    ts_model_spec s = tiny_gpt(false);
+    ts_key key = ts_key_from_seed(13);
+    ts_model *whole = ts_model_build(&s, 0, -1, key, TS_F32);
+    ts_unit_runs runs = {.n = 2, .first = {0, 2}, .end = {1, 4}};
+    ts_model *part = ts_model_build_runs(&s, &runs, key, TS_F32);
+    assert_non_null(whole);
+    assert_non_null(part);
+    assert_int_equal(part->root->n_children, 3);
+    const int unit_of[3] = {0, 2, 3};
+    for (int k = 0; k < 3; k++) expect_same_indices(part->root->children[k], whole->root->children[unit_of[k]]);
+    for (int i = 0; i < part->n_params; i++) {
+        const ts_param *p = &part->params[i];
+        int w = ts_model_find(whole, p->name);
+        assert_true(w >= 0);
+        assert_memory_equal(ts_tensor_data(p->value), ts_tensor_data(whole->params[w].value),
+                            (size_t)p->numel * sizeof(float));
+    }
+    ts_tensor *idx = token_ids(2, 8, 32);
+    ts_tensor *x0 = ts_model_forward_units(whole, idx, 0, 1), *want = ts_model_forward_units(part, idx, 0, 1);
+    for (int64_t i = 0; i < ts_tensor_numel(x0); i++) assert_true(ts_tensor_get(x0, i) == ts_tensor_get(want, i));
+    ts_tensor *x1 = ts_model_forward_units(whole, x0, 1, 2);
+    ts_tensor *y = ts_model_forward_units(whole, x1, 2, 4), *y2 = ts_model_forward_units(part, x1, 1, 3);
+    for (int64_t i = 0; i < ts_tensor_numel(y); i++) assert_true(ts_tensor_get(y, i) == ts_tensor_get(y2, i));
+    /* bad runs and unit ranges are refused by name */
+    ts_unit_runs bad = {.n = 2, .first = {2, 1}, .end = {3, 2}};
+    assert_null(ts_model_build_runs(&s, &bad, key, TS_F32));
+    assert_non_null(strstr(ts_last_error(), "unit range [1, 2) is not inside [3, 4)"));
+    assert_null(ts_model_forward_units(part, x1, 2, 5));
+    assert_non_null(strstr(ts_last_error(), "units [2, 5) of a model of 3"));
+    ts_tensor *all[] = {idx, x0, want, x1, y, y2};
+    for (int i = 0; i < 6; i++) ts_tensor_release(all[i]);
+    ts_model_free(whole);
+    ts_model_free(part);
+}
+
 static int hook_calls[4];
 
 static ts_status count_hook(ts_module *m, ts_tensor *t, void *ctx) {
@@ -264,6 +314,7 @@ int main(void) {
         cmocka_unit_test(test_checkpointing_gives_same_gradients),
         cmocka_unit_test(test_split_matches_whole),
         cmocka_unit_test(test_slice_built_from_seed),
+        cmocka_unit_test(test_runs_of_units),
         cmocka_unit_test(test_hooks_fire),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_gradcheck_block),
