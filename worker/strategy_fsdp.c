@@ -662,6 +662,7 @@ static ts_status roll_forward(fsdp_strategy *f, rank_state *all, int world, int6
         if (r != f->base.group.rank) continue;
         ts_step_stats s = {.loss = all[ahead].loss};
         f->sq_norm = all[ahead].sq_norm;
+        f->holds_next = false;
         ts_status st = ts_trainer_apply(t, &s.lr, &s.grad_norm);
         if (st) return st;
         units_stale(f);
@@ -827,7 +828,6 @@ static ts_status agree(ts_strategy *s) {
                        .shards = f->shards, .copy_of = f->copy.valid ? f->copy.of : -1,
                        .step = t->step, .total_steps = t->total_steps, .epoch = pos.epoch, .offset = pos.offset,
                        .holds_next = f->holds_next && f->sharded, .loss = f->loss, .sq_norm = f->sq_norm};
-    f->holds_next = false;
     rank_state *all = calloc((size_t)world, sizeof *all);
     if (!all) return ts_error(TS_ERR_MEMORY, "fsdp: out of memory for %d ranks' states", world);
     enum { N = sizeof(rank_state) / sizeof(int64_t) };
@@ -878,7 +878,10 @@ static ts_status agree(ts_strategy *s) {
     /* a reload stands even when the world changed again before all were
      * done: this rank's shards are its part of the generation's layout at
      * the checkpoint's step, and the next regroup sees them as such */
+    /* (a regroup that fails keeps the step's gradients for the next: the
+     * world may change again before every rank that holds them caught up) */
     if (st && !reloaded) return st;
+    f->holds_next = false;
     f->sharded = true;
     f->invalid = false;
     f->shard_generation = (int64_t)f->base.group.generation;
