@@ -38,7 +38,7 @@
  * host may. --chunks V > 1 runs interleaved 1F1B (parallel.chunks_per_stage:
  * the layers cut into P x V equal pieces, stage s holding pieces s, s + P,
  * ...) against its theory (P - 1) / (VM + P - 1), M = 4, 8, 16 only (M must
- * be a multiple of P), and skips 3.
+ * be a multiple of P), and 3 with both schedules interleaved.
  *
  * usage: bench_pipeline [--steps N] [--warmup W] [--rows R] [--reps K] [--out FILE]
  *                       [--security curve|none] [--transport tcp|ipc] [--chunks V]
@@ -391,25 +391,33 @@ static int bubbles(FILE *svg) {
     return 0;
 }
 
-/* 3: stage 0's activation memory, gpipe against 1f1b. */
+/* 3: stage 0's activation memory, gpipe against 1f1b (with --chunks, both
+ * interleaved, against one plain micro-batch). */
 static int memory(void) {
     static timeline tl;
-    static const struct {
-        int M;
+    const int V = chunks;
+    const struct {
+        int M, chunks;
         const char *sched;
-    } runs[] = {{1, "1f1b"}, {16, "gpipe"}, {16, "1f1b"}};
+    } runs[] = {{1, 1, "1f1b"}, {16, V, "gpipe"}, {16, V, "1f1b"}};
     double act[3];
     for (int k = 0; k < 3; k++) {
         char dir[PATH_MAX];
-        snprintf(dir, sizeof dir, "%s/mem-%d-%s", tmp_dir, runs[k].M, runs[k].sched);
-        if (run_job(dir, "pipeline", 4, runs[k].M, runs[k].sched, 1) || read_timeline(dir, 4, runs[k].M, &tl))
-            return 1;
+        snprintf(dir, sizeof dir, "%s/mem-%d-%d-%s", tmp_dir, runs[k].M, runs[k].chunks, runs[k].sched);
+        chunks = runs[k].chunks; /* run_job's */
+        int failed = run_job(dir, "pipeline", 4, runs[k].M, runs[k].sched, 1) || read_timeline(dir, 4, runs[k].M, &tl);
+        chunks = V;
+        if (failed) return 1;
         act[k] = stage0_activations(&tl);
     }
-    printf("\n## stage 0 peak activation memory (P = 4, M = 16, micro-batch of %d; one micro-batch holds %.3f MiB)\n",
-           rows, act[0] / (1 << 20));
-    printf("gpipe %.3f MiB = %.1f micro-batches, 1f1b %.3f MiB = %.1f micro-batches (theory: M = 16 and P = 4); "
-           "1f1b / gpipe = %.2f\n", act[1] / (1 << 20), act[1] / act[0], act[2] / (1 << 20), act[2] / act[0],
+    /* 1f1b holds its warm-up and one more: P of the stage's micro-batches,
+     * interleaved 2 (P - 1) + (V - 1) P + 1 chunks' of 1 / V each */
+    double theory = V == 1 ? 4 : (2.0 * 3 + (V - 1) * 4 + 1) / V;
+    printf("\n## stage 0 peak activation memory (P = 4, M = 16, %d chunks per stage, micro-batch of %d; one plain "
+           "micro-batch holds %.3f MiB)\n", V, rows, act[0] / (1 << 20));
+    printf("gpipe %.3f MiB = %.1f micro-batches, 1f1b %.3f MiB = %.1f micro-batches (theory, the chunks' own "
+           "activations: 16 and %.1f); "
+           "1f1b / gpipe = %.2f\n", act[1] / (1 << 20), act[1] / act[0], act[2] / (1 << 20), act[2] / act[0], theory,
            act[2] / act[1]);
     return 0;
 }
@@ -451,7 +459,7 @@ int main(int argc, char **argv) {
             "font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", 4 * 40 + 22 * 12 + 20);
     printf("bench_pipeline: MLP of 8 layers 784 wide (the first 944), micro-batches of %d rows, %d chunks per stage, "
            "%d steps (first %d warm-up), %d reps; runs in %s\n", rows, chunks, steps, warmup, reps, tmp_dir);
-    int rc = bubbles(svg) || (chunks == 1 && memory()) || throughput();
+    int rc = bubbles(svg) || memory() || throughput();
     fprintf(svg, "</svg>\n");
     fclose(svg);
     if (!rc) printf("\nchart: %s\n", out);

@@ -128,6 +128,7 @@ typedef struct {
     ts_buckets *buckets;       /* D > 1: the gradient buckets averaged over dp */
     ts_pipe_op *ops;           /* this stage's order, 2VM operations */
     micro *mb;                 /* chunk c's micro-batch m at c * M + m */
+    micro *sending_back;       /* the last backward whose input's gradient is on its way */
     ts_batch batch;            /* the step's batch */
     bool have_batch;
     int tied;                  /* model index of the tied wte.weight (first and
@@ -433,12 +434,22 @@ static ts_status backward_micro(pipe_strategy *p, int c, int m, bool last) {
     ts_tensor *dx = u->in->grad;
     if (!dx || dx->dtype != TS_F32 || !ts_tensor_is_contiguous(dx))
         return ts_error(TS_ERR_STATE, "backward left no contiguous f32 gradient for the stage's input");
-    return start_pair(p, p->back, TS_COMM_SEND, ts_f32(dx), ts_tensor_numel(dx), TS_F32, prev_stage(p), &u->sent[2]);
+    st = start_pair(p, p->back, TS_COMM_SEND, ts_f32(dx), ts_tensor_numel(dx), TS_F32, prev_stage(p), &u->sent[2]);
+    /* the previous backward's input and its gradient, sent by now: let
+     * them go, so that a stage holds only the micro-batches in flight */
+    micro *v = p->sending_back;
+    p->sending_back = u;
+    if (!st && v && !(st = settle(p, &v->sent[2], "gradient", prev_stage(p)))) {
+        ts_tensor_release(v->in);
+        v->in = NULL;
+    }
+    return st;
 }
 
 /* Waits for what the step still sends and lets its tensors go. */
 static ts_status settle_step(pipe_strategy *p) {
     ts_status first = TS_OK;
+    p->sending_back = NULL;
     for (int k = 0; k < p->V * p->M; k++) {
         micro *u = &p->mb[k];
         p->at_chunk = k / p->M;
