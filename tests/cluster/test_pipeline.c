@@ -4,8 +4,9 @@
  * relative over 30 steps; a small GPT whose embedding and head are tied,
  * with clipping, also with activation checkpointing, and an MLP), and so
  * does interleaved 1F1B (2 chunks per stage; its checkpoint goes on as a
- * local run), and with bf16 compute the local bf16 run's; 2 stages x 2
- * replicas give a local run's at twice the batch;
+ * local run), and with bf16 compute the local bf16 run's; under 1f1b the
+ * stages hold less than half of what gpipe holds; 2 stages x 2 replicas
+ * give a local run's at twice the batch;
  * the same over MPI under mpirun, plain and interleaved; the stages'
  * checkpoint loads into a local run and into another stage count, which
  * continue with an uninterrupted local run's losses; a stage killed -9
@@ -130,6 +131,68 @@ static void test_bf16(void **state) {
         pipeline_section(par, sizeof par, 2, 1, 4, "1f1b", extra);
         th_run_job(name, "mlp-bf16", STEPS, 32, 1, par, false, got);
         th_expect_same(got, want, 1, STEPS, name);
+    }
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* The median over steps 3 and later of what the micro-batches in flight
+ * hold at stage s beyond the first: the most bytes in use after one of its
+ * operations beyond what it held after the step's first one (which also
+ * takes what a step holds whatever its micro-batches: the batch in f32),
+ * from run dir's timeline. */
+static double stage_peak(const char *dir, int s) {
+    char path[4300], line[1 << 16];
+    snprintf(path, sizeof path, "%s/timeline/stage-%d-replica-0.jsonl", dir, s);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    double peaks[64];
+    int n = 0;
+    while (n < 64 && fgets(line, sizeof line, f)) {
+        const char *step = strstr(line, "\"step\":");
+        if (!step || atoi(step + 7) < 3) continue;
+        double first = -1, most = 0;
+        /* each op: ["F", micro, start, end, held, chunk] */
+        for (const char *op = strstr(line, "[\""); op; op = strstr(op + 1, "[\"")) {
+            const char *at = op;
+            for (int k = 0; k < 4 && at; k++) at = strchr(at + 1, ',');
+            double held = at ? atof(at + 1) : 0;
+            if (first < 0) first = most = held;
+            if (held > most) most = held;
+        }
+        peaks[n++] = most - first;
+    }
+    fclose(f);
+    assert_true(n > 0);
+    for (int i = 1; i < n; i++) /* insertion sort */
+        for (int j = i; j > 0 && peaks[j] < peaks[j - 1]; j--) {
+            double t = peaks[j];
+            peaks[j] = peaks[j - 1];
+            peaks[j - 1] = t;
+        }
+    return peaks[n / 2];
+}
+
+/* What the micro-batches in flight hold: under 1f1b each stage holds at
+ * most P - s micro-batches (their activations, and a later stage the
+ * inputs it received and their gradients), under gpipe all M: with P = 2
+ * and M = 8, 1f1b's peak stays under half of gpipe's on both stages. */
+static void test_memory(void **state) {
+    (void)state;
+    const char *scheds[] = {"gpipe", "1f1b"};
+    double peak[2][2];
+    for (int k = 0; k < 2; k++) {
+        char name[64], par[512];
+        double loss[STEPS + 1];
+        snprintf(name, sizeof name, "pipe-mem-%s", scheds[k]);
+        pipeline_section(par, sizeof par, 2, 1, 8, scheds[k], ", \"timeline\": true, \"pipeline_stages\": [4, 3]");
+        th_run_job(name, "mlp-wide", 8, 128, 1, par, false, loss);
+        for (int st = 0; st < 2; st++) peak[k][st] = stage_peak(th_path(name), st);
+    }
+    for (int st = 0; st < 2; st++) {
+        fprintf(stderr, "stage %d: gpipe %.0f, 1f1b %.0f bytes\n", st, peak[0][st], peak[1][st]);
+        if (!(peak[1][st] < 0.5 * peak[0][st]))
+            fail_msg("stage %d: 1f1b holds %.0f bytes at most, gpipe %.0f: not under half", st, peak[1][st],
+                     peak[0][st]);
     }
     assert_int_equal(th_leftovers(), 0);
 }
@@ -268,7 +331,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_2),  cmocka_unit_test(test_mlp_4),           cmocka_unit_test(test_gpt_2),
         cmocka_unit_test(test_gpt_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_dp_2x2),
-        cmocka_unit_test(test_interleaved_mlp), cmocka_unit_test(test_interleaved_gpt), cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_interleaved_mlp), cmocka_unit_test(test_interleaved_gpt), cmocka_unit_test(test_bf16), cmocka_unit_test(test_memory),
         cmocka_unit_test(test_checkpoint_cuts), cmocka_unit_test(test_mpirun_2), cmocka_unit_test(test_mpirun_interleaved),
         cmocka_unit_test(test_kill_stage), cmocka_unit_test(test_kill_stage_interleaved),
     };
