@@ -435,11 +435,19 @@ static ts_status backward_micro(pipe_strategy *p, int c, int m, bool last) {
     if (!dx || dx->dtype != TS_F32 || !ts_tensor_is_contiguous(dx))
         return ts_error(TS_ERR_STATE, "backward left no contiguous f32 gradient for the stage's input");
     st = start_pair(p, p->back, TS_COMM_SEND, ts_f32(dx), ts_tensor_numel(dx), TS_F32, prev_stage(p), &u->sent[2]);
-    /* the previous backward's input and its gradient, sent by now: let
-     * them go, so that a stage holds only the micro-batches in flight */
+    /* the previous backward's input and its gradient, sent by now as a
+     * rule: let them go, so that a stage holds only the micro-batches in
+     * flight (without waiting: an MPI send ends only once received; one
+     * still going is settled with the step) */
     micro *v = p->sending_back;
     p->sending_back = u;
-    if (!st && v && !(st = settle(p, &v->sent[2], "gradient", prev_stage(p)))) {
+    if (!st && v && v->sent[2]) {
+        bool done = false;
+        st = ts_comm_wait_ms(v->sent[2], 0, &done);
+        if (done) v->sent[2] = NULL; /* (freed, whatever its outcome) */
+        if (st) return ts_error(st, "gradient to stage %d: %s", prev_stage(p), ts_last_error());
+    }
+    if (!st && v && !v->sent[2]) {
         ts_tensor_release(v->in);
         v->in = NULL;
     }
