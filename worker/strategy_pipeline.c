@@ -25,7 +25,10 @@
  * micro-batch of the step only: every micro-batch of a step has its rows
  * and shape, so the next stage expects it and a hand-off is one message)
  * while the stage goes on with its next operation, and what a neighbour
- * sends is received by the port's I/O thread while the stage computes. The
+ * sends is received by the port's I/O thread while the stage computes. A
+ * micro-batch's output goes with its backward, its received input (and
+ * that input's gradient) once the gradient's send has ended, so a stage
+ * holds the micro-batches in flight only. The
  * order of a stage's forwards and backwards is parallel.schedule's (gpipe
  * or 1f1b, interleaved with V > 1: sharding/schedule.h); each chunk's last
  * backward announces each parameter as its gradient is final (the
