@@ -198,13 +198,19 @@ static void test_memory(void **state) {
 }
 
 /* 2 stages x 2 replicas at batch 8 per replica (4 micro-batches) match a
- * local run at batch 16. */
+ * local run at batch 16, plain and interleaved. */
 static void test_dp_2x2(void **state) {
     (void)state;
     double want[STEPS + 1], got[STEPS + 1];
     local_losses("gpt", 16, 1, want);
     run_pipeline("pipe-dp", "gpt", STEPS, 8, 2, 2, 4, "1f1b", false, got);
     th_expect_same(got, want, 1, STEPS, "2 stages x 2 replicas");
+    /* interleaved: each replica's stages loop, the replicas' averages and
+     * ports (pipeline, gradients, replicas) side by side */
+    char par[512];
+    pipeline_section(par, sizeof par, 2, 2, 4, "1f1b", ", \"chunks_per_stage\": 2");
+    th_run_job("pipe-dp-il", "gpt", STEPS, 8, 1, par, false, got);
+    th_expect_same(got, want, 1, STEPS, "2 stages of 2 chunks x 2 replicas");
     assert_int_equal(th_leftovers(), 0);
 }
 
