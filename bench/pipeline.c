@@ -75,27 +75,28 @@ typedef struct {
 
 /* A run's timeline: tl[step][stage]. */
 typedef struct {
-    int P, M, steps;
+    int P, V, M, steps;
     stage_step tl[MAX_STEPS + 1][MAX_STAGES];
 } timeline;
 
 /* ---- running jobs ---- */
 
-/* Writes the job and runs it with tessera-run in dir (threads per process);
- * 0 on success. strategy "local" runs one process at batch rows * M. */
-static int run_job(const char *dir, const char *strategy, int P, int M, const char *sched, int threads) {
+/* Writes the job and runs it with tessera-run in dir (P stages of V chunks,
+ * threads per process); 0 on success. strategy "local" runs one process at
+ * batch rows * M. */
+static int run_job(const char *dir, const char *strategy, int P, int V, int M, const char *sched, int threads) {
     char job[PATH_MAX], text[2048], cmd[3 * PATH_MAX];
     snprintf(job, sizeof job, "%s.json", dir);
     int pipeline = strcmp(strategy, "pipeline") == 0;
     char par[512];
     /* the 17 units (fc0, relu0, ..., fc8) cut evenly: 2, 4 or 8 pieces of
      * equal work, the head with the last */
-    int pieces = P * chunks;
+    int pieces = P * V;
     const char *cut = pieces == 2 ? "[8, 9]" : pieces == 4 ? "[4, 4, 4, 5]" : "[2, 2, 2, 2, 2, 2, 2, 3]";
     if (pipeline)
         snprintf(par, sizeof par, "\"strategy\": \"pipeline\", \"stages\": %d, \"micro_batches\": %d, "
                  "\"schedule\": \"%s\", \"timeline\": true, \"pipeline_stages\": %s, \"ring_security\": \"%s\", "
-                 "\"transport\": \"%s\", \"chunks_per_stage\": %d", P, M, sched, cut, security, transport, chunks);
+                 "\"transport\": \"%s\", \"chunks_per_stage\": %d", P, M, sched, cut, security, transport, V);
     else
         snprintf(par, sizeof par, "\"strategy\": \"local\"");
     snprintf(text, sizeof text,
@@ -137,6 +138,7 @@ static int read_timeline(const char *dir, int P, int M, timeline *tl) {
             int step = j ? (int)json_integer_value(json_object_get(j, "step")) : 0;
             if (j && step >= 1 && step <= MAX_STEPS && json_is_array(ops)) {
                 stage_step *ss = &tl->tl[step][s];
+                tl->V = (int)json_integer_value(json_object_get(j, "chunks"));
                 ss->start = json_real_value(json_object_get(j, "start"));
                 ss->end = json_real_value(json_object_get(j, "end"));
                 ss->held = json_number_value(json_object_get(j, "held"));
@@ -213,7 +215,7 @@ static void stage_costs(const timeline *tl, double *F, double *B, double *x) {
                 if (ss->kind[i] == 'F') f[nf++] = ss->t1[i] - ss->t0[i];
                 else b[nb++] = ss->t1[i] - ss->t0[i];
                 int from = ss->chunk[i] * tl->P + s + (ss->kind[i] == 'F' ? -1 : 1); /* the piece it waits for */
-                if (from < 0 || from >= tl->P * chunks) continue;
+                if (from < 0 || from >= tl->P * tl->V) continue;
                 const stage_step *up = &tl->tl[step][from % tl->P];
                 for (int j = 0; j < up->n; j++)
                     if (up->kind[j] == ss->kind[i] && up->micro[j] == ss->micro[i] && up->chunk[j] == from / tl->P &&
@@ -361,7 +363,7 @@ static int bubbles(FILE *svg) {
             for (int r = 0; r < reps; r++) {
                 char dir[PATH_MAX];
                 snprintf(dir, sizeof dir, "%s/p%d-m%d-1f1b", tmp_dir, P, M);
-                if (run_job(dir, "pipeline", P, M, "1f1b", 1) || read_timeline(dir, P, M, &tl)) return 1;
+                if (run_job(dir, "pipeline", P, chunks, M, "1f1b", 1) || read_timeline(dir, P, M, &tl)) return 1;
                 b[r] = bubble(&tl);
                 stage_costs(&tl, F, B, &x);
                 if (ts_pipe_simulate(&shape, F, B, x, &mod[r])) mod[r] = NAN;
@@ -382,7 +384,7 @@ static int bubbles(FILE *svg) {
             const char *sched = k ? "1f1b" : "gpipe";
             char dir[PATH_MAX], title[64];
             snprintf(dir, sizeof dir, "%s/p%d-m8-%s", tmp_dir, Ps[pi], sched);
-            if (run_job(dir, "pipeline", Ps[pi], 8, sched, 1) || read_timeline(dir, Ps[pi], 8, &tl)) return 1;
+            if (run_job(dir, "pipeline", Ps[pi], chunks, 8, sched, 1) || read_timeline(dir, Ps[pi], 8, &tl)) return 1;
             snprintf(title, sizeof title, "P = %d, M = 8, %s", Ps[pi], sched);
             print_chart(title, &tl, warmup + 1, 96);
             svg_chart(svg, title, &tl, warmup + 1, y);
@@ -404,10 +406,9 @@ static int memory(void) {
     for (int k = 0; k < 3; k++) {
         char dir[PATH_MAX];
         snprintf(dir, sizeof dir, "%s/mem-%d-%d-%s", tmp_dir, runs[k].M, runs[k].chunks, runs[k].sched);
-        chunks = runs[k].chunks; /* run_job's */
-        int failed = run_job(dir, "pipeline", 4, runs[k].M, runs[k].sched, 1) || read_timeline(dir, 4, runs[k].M, &tl);
-        chunks = V;
-        if (failed) return 1;
+        if (run_job(dir, "pipeline", 4, runs[k].chunks, runs[k].M, runs[k].sched, 1) ||
+            read_timeline(dir, 4, runs[k].M, &tl))
+            return 1;
         act[k] = stage0_activations(&tl);
     }
     /* 1f1b holds its warm-up and one more: P of the stage's micro-batches,
@@ -430,9 +431,9 @@ static int throughput(void) {
     for (int r = 0; r < reps; r++) {
         char dir[PATH_MAX];
         snprintf(dir, sizeof dir, "%s/tp-local", tmp_dir);
-        if (run_job(dir, "local", 1, 8, "", 2) || read_metrics(dir, &local[r])) return 1;
+        if (run_job(dir, "local", 1, 1, 8, "", 2) || read_metrics(dir, &local[r])) return 1;
         snprintf(dir, sizeof dir, "%s/tp-pipe", tmp_dir);
-        if (run_job(dir, "pipeline", 2, 8, "1f1b", 1) || read_metrics(dir, &pipe[r])) return 1;
+        if (run_job(dir, "pipeline", 2, chunks, 8, "1f1b", 1) || read_metrics(dir, &pipe[r])) return 1;
         ratio[r] = pipe[r] / local[r];
     }
     double m[3], lo[3], hi[3];

@@ -17,9 +17,9 @@ ts_status ts_pipe_check(const ts_pipe_shape *sh) {
  * (one group of all M when V = 1), chunk by chunk, the backwards from the
  * last chunk. */
 static ts_pipe_op nth(const ts_pipe_shape *sh, ts_pipe_kind kind, int k) {
-    int P = sh->chunks > 1 ? sh->stages : sh->micro, V = sh->chunks;
-    int group = k / (P * V), within = k % (P * V), chunk = within / P;
-    return (ts_pipe_op){kind, group * P + within % P, kind == TS_PIPE_FORWARD ? chunk : V - 1 - chunk};
+    int size = sh->chunks > 1 ? sh->stages : sh->micro, V = sh->chunks; /* micro-batches per group */
+    int group = k / (size * V), within = k % (size * V), chunk = within / size;
+    return (ts_pipe_op){kind, group * size + within % size, kind == TS_PIPE_FORWARD ? chunk : V - 1 - chunk};
 }
 
 ts_status ts_pipe_schedule(const ts_pipe_shape *sh, int stage, ts_pipe_op *ops) {

@@ -827,7 +827,7 @@ static ts_status agree(ts_strategy *s) {
     rank_state mine = {.generation = f->invalid ? -1 : f->sharded ? f->shard_generation : 0, .shard = f->me,
                        .shards = f->shards, .copy_of = f->copy.valid ? f->copy.of : -1,
                        .step = t->step, .total_steps = t->total_steps, .epoch = pos.epoch, .offset = pos.offset,
-                       .holds_next = f->holds_next && f->sharded, .loss = f->loss, .sq_norm = f->sq_norm};
+                       .holds_next = f->holds_next, .loss = f->loss, .sq_norm = f->sq_norm};
     rank_state *all = calloc((size_t)world, sizeof *all);
     if (!all) return ts_error(TS_ERR_MEMORY, "fsdp: out of memory for %d ranks' states", world);
     enum { N = sizeof(rank_state) / sizeof(int64_t) };
@@ -877,9 +877,9 @@ static ts_status agree(ts_strategy *s) {
     settle_previous(f, !st);
     /* a reload stands even when the world changed again before all were
      * done: this rank's shards are its part of the generation's layout at
-     * the checkpoint's step, and the next regroup sees them as such */
-    /* (a regroup that fails keeps the step's gradients for the next: the
-     * world may change again before every rank that holds them caught up) */
+     * the checkpoint's step, and the next regroup sees them as such; a
+     * regroup that fails otherwise keeps the step's gradients for the next
+     * (the world may change again before every rank holding them caught up) */
     if (st && !reloaded) return st;
     f->holds_next = false;
     f->sharded = true;

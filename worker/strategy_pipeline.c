@@ -574,9 +574,11 @@ enum { PORT_PIPE, PORT_BACK, PORT_DP };
  * [BACK] [DP]"), into out. */
 static void endpoint_of(const pipe_strategy *p, const char *address, int which, char *out, size_t cap) {
     int field = which == PORT_PIPE ? 0 : which == PORT_BACK ? 1 : p->V > 1 ? 2 : 1;
-    for (int k = 0; k < field && address; k++) address = strchr(address, ' ') ? strchr(address, ' ') + 1 : NULL;
-    const char *sp = address ? strchr(address, ' ') : NULL;
-    snprintf(out, cap, "%.*s", address ? (int)(sp ? sp - address : (long)strlen(address)) : 0, address ? address : "");
+    for (int k = 0; k < field && address; k++)
+        if ((address = strchr(address, ' '))) address++;
+    if (!address) address = "";
+    const char *sp = strchr(address, ' ');
+    snprintf(out, cap, "%.*s", (int)(sp ? sp - address : (long)strlen(address)), address);
 }
 
 /* The communicator over the job ranks first, first + stride, ... (count of
@@ -623,9 +625,9 @@ static ts_status make_mpi_comms(pipe_strategy *p) {
         ts_comm_config cfg = {.rank = key[k], .size = size[k], .generation = info.generation,
                               .timeout_ms = (int)info.barrier_timeout_ms, .native = p->mpi_split[k]};
         if (!st && !(*out[k] = ts_comm_create(be, &cfg))) st = ts_last_status();
-        /* interleaved: the sends' own queues on the pipeline's two */
+        /* the pipeline's two: their sends' own queues when interleaved */
         ts_comm **tx = k == 0 ? &p->pipe_tx : &p->back_tx;
-        if (!st && k < 2 && p->V > 1 && !(*tx = ts_comm_create(be, &cfg))) st = ts_last_status();
+        if (!st && k < 2 && !(*tx = p->V > 1 ? ts_comm_create(be, &cfg) : *out[k])) st = ts_last_status();
     }
     p->base.group.generation = info.generation;
     return st;
@@ -635,12 +637,7 @@ static ts_status make_mpi_comms(pipe_strategy *p) {
  * communicator, once every worker of the job is there (their ports), or
  * over MPI under mpirun. */
 static ts_status make_comms(pipe_strategy *p) {
-    if (p->mpi_world) {
-        ts_status st = make_mpi_comms(p);
-        if (!p->pipe_tx) p->pipe_tx = p->pipe;
-        if (!p->back_tx) p->back_tx = p->back;
-        return st;
-    }
+    if (p->mpi_world) return make_mpi_comms(p);
     ts_proto_member *r = NULL;
     size_t n = 0;
     uint64_t g = 0;
