@@ -24,7 +24,7 @@ typedef struct {
     const char *job_path;     /* the job file as given (children re-read it) */
     char *const *sets;        /* --set overrides, passed on to children */
     int nsets;
-    const char *run_dir;      /* NULL = runs/<name>-<timestamp> */
+    const char *run_dir;      /* --run-dir or train.run_dir; NULL = runs/<name>-<timestamp> */
     bool resume;              /* continue the job in run_dir from its checkpoints */
     ts_job job;               /* the job, overrides applied */
 } ts_cluster_opts;

@@ -284,10 +284,12 @@ int main(int argc, char **argv) {
             free(c.sets);
             return 2;
         }
+        /* a cluster's run folder: --run-dir, else the job's train.run_dir */
+        if (!o.run_dir && o.job.train.run_dir[0]) o.run_dir = o.job.train.run_dir;
         if (c.resume && o.job.parallel.strategy != TS_STRATEGY_LOCAL && c.mode == MODE_RUN &&
-            !c.run_dir) {
+            !o.run_dir) {
             fprintf(stderr, "tessera-run --resume: a cluster job continues in its run folder: "
-                            "give it with --run-dir DIR\n");
+                            "give it with --run-dir DIR or train.run_dir\n");
             free(c.sets);
             return 2;
         }

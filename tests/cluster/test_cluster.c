@@ -46,11 +46,14 @@ static int count_lines(const th_proc *p, const char *prefix, const char *sub) {
     return n;
 }
 
-/* (a) 1 scheduler + 2 ps + 4 workers run and shut down cleanly. */
+/* (a) 1 scheduler + 2 ps + 4 workers run and shut down cleanly, in the
+ * run folder the job's train.run_dir names. */
 static void test_clean_run(void **state) {
     (void)state;
     const char *job = job_file("clean", 20, 4, 2, 0, "");
-    const char *argv[] = {"tessera-run", job, "--run-dir", th_path("run-clean"), NULL};
+    char run_dir[512];
+    snprintf(run_dir, sizeof run_dir, "train.run_dir=\"%s\"", th_path("run-clean"));
+    const char *argv[] = {"tessera-run", job, "--set", run_dir, NULL};
     th_proc run = th_start("clean", argv);
     int rc = th_wait(&run, 30000);
     if (rc != 0) th_dump(&run, "tessera-run did not exit 0");
@@ -62,6 +65,9 @@ static void test_clean_run(void **state) {
         th_expect_output(&run, needle, 0);
     }
     th_expect_output(&run, "[run] job clean completed", 0);
+    char path[512];
+    snprintf(path, sizeof path, "%s/cluster.log", th_path("run-clean"));
+    if (access(path, R_OK) != 0) th_dump(&run, "no cluster.log in train.run_dir");
     assert_int_equal(th_leftovers(), 0);
 }
 
