@@ -14,6 +14,7 @@
 
 #include "launch/netsim.h"
 #include "launch/supervise.h"
+#include "launch/train.h"
 #include "membership/member.h"
 #include "proto/secure.h"
 
@@ -440,6 +441,15 @@ static void on_signal(ts_super *s, int signum) {
     fail(cl, 128 + signum, "interrupted by %s", signum == SIGINT ? "SIGINT" : "SIGTERM");
 }
 
+/* Draws the run's metrics.png when its workers wrote metrics (a stand-in
+ * job writes none) and says where. */
+static void draw_chart(const char *run_dir) {
+    char path[PATH_MAX + 32], png[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    if (access(path, R_OK) == 0 && ts_launch_plot(run_dir, png, sizeof png) == 0)
+        fprintf(stderr, "[run] chart: %s\n", png);
+}
+
 /* Creates the run folder into cl->run_dir. */
 static ts_status make_run_dir(cluster *cl) {
     if (cl->o->run_dir) {
@@ -622,6 +632,7 @@ int ts_cluster_run(const ts_cluster_opts *o) {
                 cl->reason, cl->run_dir);
         code = cl->exit_code;
     } else {
+        draw_chart(cl->run_dir);
         fprintf(stderr, "[run] job %s completed (run folder %s)\n", o->job.name,
                 cl->run_dir);
         code = 0;

@@ -182,6 +182,7 @@ static void test_equivalence_mlp(void **state) {
                           "parallel.workers=2", "parallel.servers=2", "parallel.ps_replicas=2", NULL);
     finish_run(&n, 120000);
     th_expect_output(&n, "parallel.ps_security \"none\"", 0);
+    th_expect_output(&n, "[run] chart: ", 0); /* the workers' metrics, drawn */
     same_losses(th_path("eq-mlp-plain"), th_path("eq-mlp-local-2"), 30, 1e-5);
 }
 
