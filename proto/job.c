@@ -471,6 +471,15 @@ static ts_status finish_job(ts_job *job) {
     if (job->data.val_fraction >= 1)
         return ts_error(TS_ERR_VALUE, "data.val_fraction: %g must be below 1",
                         job->data.val_fraction);
+    const ts_job_schedule *sc = &job->schedule;
+    if (sc->kind == TS_JOB_COSINE && job->train.epochs == 0 && job->steps > 0 &&
+        sc->warmup_steps >= job->steps)
+        return ts_error(TS_ERR_VALUE,
+                        "schedule.warmup_steps: %lld must be below steps (%lld) for a cosine schedule",
+                        (long long)sc->warmup_steps, (long long)job->steps);
+    if (sc->kind == TS_JOB_COSINE && sc->min_lr > job->optimizer.lr)
+        return ts_error(TS_ERR_VALUE, "schedule.min_lr: %g exceeds optimizer.lr (%g)", sc->min_lr,
+                        job->optimizer.lr);
     if (p->strategy == TS_STRATEGY_PS && p->servers < 1)
         return ts_error(TS_ERR_VALUE, "parallel.servers: strategy \"ps\" needs at least one shard");
     if (p->heartbeat_timeout_ms <= p->heartbeat_ms)

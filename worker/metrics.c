@@ -94,9 +94,11 @@ void ts_metrics_step(FILE *jsonl, const ts_step_stats *s, int64_t total_steps) {
     const ts_comm_times *c = &s->comm;
     double comm = c->push_ms + c->pull_ms + c->wait_ms;
     char split[128] = "";
-    if (comm > 0)
+    if (c->push_ms + c->pull_ms > 0) /* a parameter-server step */
         snprintf(split, sizeof split, " (compute %.1f, push %.1f, pull %.1f, wait %.1f)", s->step_ms - comm, c->push_ms,
                  c->pull_ms, c->wait_ms);
+    else if (comm > 0) /* waits for peers (all-reduce, pipeline neighbours) */
+        snprintf(split, sizeof split, " (compute %.1f, wait %.1f)", s->step_ms - comm, c->wait_ms);
     if (bar_shown) fputc('\r', stderr);
     printf("step %lld/%lld | loss %.4f | lr %.2e | %s | %.1f ms%s | mem %.1f MiB (peak %.1f)\n", (long long)s->step,
            (long long)total_steps, s->loss, s->lr, rate, s->step_ms, split, (double)s->mem_bytes / (1 << 20),

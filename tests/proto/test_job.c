@@ -112,6 +112,10 @@ static void test_errors_name_the_field(void **state) {
     expect_error("{\"parallel\": {\"heartbeat_ms\": 500, "
                  "\"heartbeat_timeout_ms\": 400}}", NULL, 0,
                  "parallel.heartbeat_timeout_ms: 400 must exceed");
+    expect_error("{\"steps\": 100, \"schedule\": {\"kind\": \"cosine\", \"warmup_steps\": 100}}", NULL, 0,
+                 "schedule.warmup_steps: 100 must be below steps (100)");
+    expect_error("{\"schedule\": {\"kind\": \"cosine\", \"min_lr\": 0.01}}", NULL, 0,
+                 "schedule.min_lr: 0.01 exceeds optimizer.lr (0.001)");
     expect_error("[1, 2]", NULL, 0, "expected a JSON object, got array");
     expect_error("{\"steps\": ", NULL, 0, "JSON error at line 1");
 }
