@@ -86,7 +86,7 @@ static void test_train_from_weights(void **state) {
                      0);
     /* a job whose model differs from the file: the tensor and both shapes */
     assert_int_not_equal(run(CNN_JOB " --set model.ch1=6 --set model.init_from=%s/cnn_torch.safetensors "
-                                     "--set train.epochs=0 --set steps=2 --run-dir %s/run2",
+                                     "--set train.epochs=0 --set steps=2 --set schedule.warmup_steps=0 --run-dir %s/run2",
                              dir, dir),
                          0);
     assert_non_null(strstr(out, "'conv1.weight'"));

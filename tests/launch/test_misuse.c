@@ -204,7 +204,7 @@ static void test_device_messages(void **state) {
     static char log[16384];
     assert_int_equal(run("dev-name", log, sizeof log, MLP_JOB " --set device=gpu"), 2);
     expect_text(log, "device: \"gpu\" is not one of: cpu, cuda");
-    int code = run("dev-cuda", log, sizeof log, MLP_JOB " --set steps=1 --set device=cuda --run-dir %s/dev", base);
+    int code = run("dev-cuda", log, sizeof log, MLP_JOB " --set steps=2 --set device=cuda --run-dir %s/dev", base);
     if (code == 0) {
         print_message("a CUDA device is present: tests/gpu covers device jobs\n");
         return;
