@@ -277,13 +277,6 @@ int main(int argc, char **argv) {
             free(c.sets);
             return 2;
         }
-        /* the scheduler ends a job by its steps: count the epochs' */
-        if (o.job.parallel.strategy == TS_STRATEGY_PS &&
-            ts_trainer_steps(&o.job, o.job.parallel.workers, &o.job.steps) != TS_OK) {
-            fprintf(stderr, "tessera-run: %s\n", ts_last_error());
-            free(c.sets);
-            return 2;
-        }
         /* a cluster's run folder: --run-dir, else the job's train.run_dir */
         if (!o.run_dir && o.job.train.run_dir[0]) o.run_dir = o.job.train.run_dir;
         if (c.resume && o.job.parallel.strategy != TS_STRATEGY_LOCAL && c.mode == MODE_RUN &&
@@ -299,6 +292,10 @@ int main(int argc, char **argv) {
             code = run_join(&c);
         } else if (c.mode == MODE_MPI) {
             code = ts_launch_mpi(&o, c.role, argc, argv);
+        } else if (ts_trainer_steps(&o.job, &o.job.steps) != TS_OK) {
+            /* the scheduler ends a cluster job by its steps: the epochs' counted */
+            fprintf(stderr, "tessera-run: %s\n", ts_last_error());
+            code = 2;
         } else {
             code = ts_cluster_run(&o);
         }

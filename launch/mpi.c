@@ -29,6 +29,7 @@
 #include "proto/secure.h"
 #include "scheduler/sched.h"
 #include "worker/node.h"
+#include "worker/trainer.h"
 
 enum { KEY_FILE_MAX = 4096 };
 
@@ -133,7 +134,11 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
         if (ok && !job.parallel.key_file[0] && ts_secure_keygen(key_path, NULL) != TS_OK)
             ok = 0;
         if (ok) key_len = read_key(key_path, key, KEY_FILE_MAX);
-        if (key_len < 0) {
+        /* the scheduler ends the job by its steps: the epochs' at this world */
+        if (key_len >= 0 && ts_trainer_steps(&job, &job.steps) != TS_OK) {
+            fprintf(stderr, "tessera-run --mpi: %s\n", ts_last_error());
+            key_len = -1;
+        } else if (key_len < 0) {
             fprintf(stderr, "tessera-run --mpi: job key %s: %s\n", key_path,
                     ts_last_error()[0] ? ts_last_error() : strerror(errno));
         } else {

@@ -90,10 +90,10 @@ ts_status ts_trainer_attach(ts_trainer *t);
 
 void ts_trainer_free(ts_trainer *t);
 
-/* The optimizer steps job takes with world workers: job->steps, or with
- * train.epochs that many epochs of the training set sharded world ways
- * (the data set is loaded to count them). */
-ts_status ts_trainer_steps(const ts_job *job, int world, int64_t *steps);
+/* The optimizer steps job takes: job->steps, or with train.epochs that
+ * many epochs of the training set sharded as its strategy starts (its
+ * workers, a pipeline's replicas; the data set is loaded to count them). */
+ts_status ts_trainer_steps(const ts_job *job, int64_t *steps);
 
 /* One micro-batch forward + backward: adds this batch's gradient, scaled by
  * scale, into the model's gradient buffer and returns its mean loss. */

@@ -1,7 +1,7 @@
 /* test_ddp.c - strategy "ddp" with real processes: W = 2 and 4 workers at
  * batch b give the per-step losses of one process at batch W*b (MLP and a
  * small GPT with clipping, within 1e-5 relative over 30 steps), under
- * tessera-run and under mpirun; a worker killed -9 in the middle of
+ * tessera-run and under mpirun, and over a whole epoch (train.epochs); a worker killed -9 in the middle of
  * training is named, the others redo the step at the new world size and
  * finish with a checkpoint that evaluates; a worker joined mid-run trains
  * in step. Run one scenario by name: cluster_test_ddp <name>. */
@@ -116,6 +116,32 @@ static void test_mpirun_2(void **state) {
             fail_msg("mpirun: step %d loss %.7f, local %.7f", s, got[s], want[s]);
 }
 
+/* Runs job with train.epochs=1 in run folder name and reads the losses
+ * of up to max steps; returns the steps logged. */
+static int epoch_losses(const char *name, const char *job, double *loss, int max) {
+    const char *dir = th_path(name);
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, "--set", "train.epochs=1", NULL};
+    th_proc p = th_start(name, argv);
+    if (th_wait(&p, 240000) != 0) dump(&p, "the run did not exit 0");
+    return th_losses(dir, loss, max);
+}
+
+/* With train.epochs a cluster job runs the epoch's steps, not "steps":
+ * 54000 samples over 2 workers at batch 2000 are 13 steps (the scheduler
+ * is told so), those of one process at batch 4000. */
+static void test_epochs(void **state) {
+    (void)state;
+    enum { EPOCH = 13 };
+    double want[EPOCH + 2], got[EPOCH + 2];
+    int local = epoch_losses("local-epochs", job_file("local-epochs", "mlp", 3, 4000, "local", 1, ""), want, EPOCH + 1);
+    int ddp = epoch_losses("ddp-epochs", job_file("ddp-epochs", "mlp", 3, 2000, "ddp", 2, ""), got, EPOCH + 1);
+    if (local != EPOCH || ddp != EPOCH) fail_msg("one epoch: %d steps local, %d with ddp; want %d", local, ddp, EPOCH);
+    for (int s = 1; s <= EPOCH; s++)
+        if (!(fabs(got[s] - want[s]) <= 1e-5 * fabs(want[s])))
+            fail_msg("epochs: step %d loss %.7f, local %.7f", s, got[s], want[s]);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* kill -9 of one of 4 workers mid-training: the survivors name it, redo the
  * step with 3 and finish; the final checkpoint evaluates. */
 static void test_kill_worker(void **state) {
@@ -184,6 +210,7 @@ int main(int argc, char **argv) {
     th_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_2),    cmocka_unit_test(test_mlp_4),       cmocka_unit_test(test_gpt_2),
+        cmocka_unit_test(test_epochs),
         cmocka_unit_test(test_gpt_4),    cmocka_unit_test(test_mpirun_2),    cmocka_unit_test(test_kill_worker),
         cmocka_unit_test(test_kill_in_eval),
         cmocka_unit_test(test_join),
