@@ -32,10 +32,16 @@ struct ts_loader {
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* Samples per rank of `left` samples over world ranks: with drop_last the
+ * tail that does not reach every rank is dropped, else it is padded. */
+static int64_t per_rank(const ts_loader *l, int64_t left, int world) {
+    if (left <= 0) return 0;
+    return l->cfg.drop_last ? left / world : ceil_div(left, world);
+}
+
 /* Samples per rank left after offset under the current world. */
 static int64_t per_rank_left(const ts_loader *l, int64_t offset) {
-    int64_t r = l->n - offset;
-    return r > 0 ? ceil_div(r, l->cfg.world) : 0;
+    return per_rank(l, l->n - offset, l->cfg.world);
 }
 
 static int64_t batches_in(const ts_loader *l, int64_t c) {
@@ -45,7 +51,7 @@ static int64_t batches_in(const ts_loader *l, int64_t c) {
 static ts_status check_shard(const ts_loader *l, int rank, int world) {
     if (world < 1 || rank < 0 || rank >= world)
         return ts_error(TS_ERR_VALUE, "loader %s: rank %d is not in [0, world %d)", l->ds->name, rank, world);
-    int64_t c = ceil_div(l->n, world);
+    int64_t c = per_rank(l, l->n, world);
     if (l->cfg.drop_last && c < l->cfg.batch_size)
         return ts_error(TS_ERR_VALUE,
                         "loader %s: %lld samples over %d ranks give %lld per rank, fewer than batch %lld with drop_last",

@@ -3,10 +3,13 @@
  * Each epoch e orders the N samples by a permutation drawn from the Philox
  * key fold_in(key_from_seed(seed), e) (identity without shuffle). Sharding
  * follows PyTorch's DistributedSampler: rank r of W takes global positions
- * p + r, p + r + W, ...; the tail is padded by wrapping (position g beyond
- * N reads sample perm[g mod N]) so every rank gets ceil(remaining / W)
- * samples and the same number of batches; across ranks every sample is seen
- * once per epoch (plus the wrapped pad).
+ * p + r, p + r + W, ...; without drop_last the tail is padded by wrapping
+ * (position g beyond N reads sample perm[g mod N]) so every rank gets
+ * ceil(remaining / W) samples and the same number of batches, and across
+ * ranks every sample is seen once per epoch (plus the wrapped pad); with
+ * drop_last every rank gets floor(remaining / W) (DistributedSampler's
+ * drop_last), so that W ranks at batch b take the very batches of one rank
+ * at batch W * b, none padded.
  *
  * The position is (epoch, offset): offset counts samples consumed globally
  * in this epoch (it grows by batch * W per step of all ranks), so it is the

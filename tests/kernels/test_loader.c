@@ -1,6 +1,7 @@
 /* test_loader.c - DataLoader: DistributedSampler coverage for several world
- * sizes, seeded shuffle, drop_last, re-sharding mid-epoch, position
- * save/restore, prefetch thread equivalence and error propagation. */
+ * sizes, seeded shuffle, drop_last (W ranks at b as one rank at W * b),
+ * re-sharding mid-epoch, position save/restore, prefetch thread
+ * equivalence and error propagation. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -150,11 +151,42 @@ static void test_drop_last(void **state) {
     /* with drop_last, ranks that would get fewer samples than a batch are refused */
     ts_loader_config c = {.batch_size = 8, .drop_last = true, .rank = 0, .world = 8};
     assert_null(ts_loader_create(d, &c));
-    assert_non_null(strstr(ts_last_error(), "50 samples over 8 ranks give 7 per rank, fewer than batch 8"));
+    assert_non_null(strstr(ts_last_error(), "50 samples over 8 ranks give 6 per rank, fewer than batch 8"));
     c.world = 2;
     c.rank = 2;
     assert_null(ts_loader_create(d, &c));
     assert_non_null(strstr(ts_last_error(), "rank 2 is not in [0, world 2)"));
+    ts_dataset_free(d);
+}
+
+/* With drop_last, W ranks at batch b take, step by step and across
+ * epochs, the samples of one rank at batch W * b: as many steps per epoch
+ * and no sample padded in (26 samples at 3 x 3: 2 steps, not 3). */
+static void test_drop_last_ranks_as_one(void **state) {
+    (void)state;
+    const int64_t N = 26, B = 3;
+    ts_dataset *d = make_ds(N);
+    for (int W = 2; W <= 4; W++) {
+        ts_loader *one = make_loader(d, W * B, true, 7, true, 0, 1, 0), *ls[4];
+        for (int r = 0; r < W; r++) ls[r] = make_loader(d, B, true, 7, true, r, W, 0);
+        int64_t steps = ts_loader_batches_per_epoch(one);
+        assert_int_equal(ts_loader_batches_per_epoch(ls[0]), steps);
+        for (int64_t s = 0; s < 2 * steps; s++) {
+            int want[26] = {0}, got[26] = {0};
+            int64_t ids[12];
+            int64_t n = next_ids(one, ids, NULL);
+            for (int64_t j = 0; j < n; j++) want[ids[j]]++;
+            for (int r = 0; r < W; r++) {
+                int64_t m = next_ids(ls[r], ids, NULL);
+                assert_int_equal(m, B);
+                for (int64_t j = 0; j < m; j++) got[ids[j]]++;
+            }
+            assert_memory_equal(got, want, sizeof want);
+            assert_int_equal(ts_loader_position(ls[W - 1]).epoch, ts_loader_position(one).epoch);
+        }
+        ts_loader_free(one);
+        for (int r = 0; r < W; r++) ts_loader_free(ls[r]);
+    }
     ts_dataset_free(d);
 }
 
@@ -310,6 +342,7 @@ int main(void) {
         cmocka_unit_test(test_every_sample_once_per_epoch),
         cmocka_unit_test(test_shuffle_by_seed),
         cmocka_unit_test(test_drop_last),
+        cmocka_unit_test(test_drop_last_ranks_as_one),
         cmocka_unit_test(test_reshard_mid_epoch),
         cmocka_unit_test(test_position_save_restore),
         cmocka_unit_test(test_prefetch_same_batches),
