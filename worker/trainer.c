@@ -489,8 +489,11 @@ ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval
     ts_loader_config lc = {.batch_size = t->job.train.batch_size, .world = 1};
     ts_loader *l = ts_loader_create(ds, &lc);
     if (!l) return ts_last_status();
+    const ts_group *g = &t->strategy->group;
+    /* max_batches per rank: the samples one process scores in max_batches
+     * batches of the group's whole batch */
     int64_t batches = ts_loader_batches_per_epoch(l);
-    if (max_batches > 0 && max_batches < batches) batches = max_batches;
+    if (max_batches > 0 && max_batches < (batches + g->world - 1) / g->world) batches = max_batches * g->world;
     bool prev = ts_grad_set_enabled(false);
     ts_model_train(t->model, false);
     double loss_sum = 0;
@@ -500,7 +503,6 @@ ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval
      * sample once, in the same batches as one process would; with a shared
      * forward every rank runs one per round, a rank past the last batch on
      * the round's first, unscored */
-    const ts_group *g = &t->strategy->group;
     int64_t rounds = (batches + g->world - 1) / g->world;
     ts_batch head = {0};
     for (int64_t i = 0; !st && i < rounds * g->world; i++) {

@@ -132,7 +132,10 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s);
 ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s);
 
 /* Loss and accuracy (or bits per byte) on the validation set, or the test
- * set, in eval mode and without gradients; max_batches 0 = all. */
+ * set, in eval mode and without gradients, scored in batches of
+ * train.batch_size that the group's ranks take in turn; at most
+ * max_batches for each rank (those of one process at the group's whole
+ * batch, W * train.batch_size), 0 = all. */
 ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval_stats *e);
 
 /* Loads what the strategy holds (for "local": model weights, optimizer

@@ -1,10 +1,11 @@
 /* test_ddp.c - strategy "ddp" with real processes: W = 2 and 4 workers at
  * batch b give the per-step losses of one process at batch W*b (MLP and a
  * small GPT with clipping, within 1e-5 relative over 30 steps), under
- * tessera-run and under mpirun, and over a whole epoch (train.epochs); a worker killed -9 in the middle of
- * training is named, the others redo the step at the new world size and
- * finish with a checkpoint that evaluates; a worker joined mid-run trains
- * in step. Run one scenario by name: cluster_test_ddp <name>. */
+ * tessera-run and under mpirun, and over a whole epoch (train.epochs, and
+ * the validation of train.eval_batches per rank); a worker killed -9 in
+ * the middle of training is named, the others redo the step at the new
+ * world size and finish with a checkpoint that evaluates; a worker joined
+ * mid-run trains in step. Run one scenario by name: cluster_test_ddp <name>. */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -116,29 +117,42 @@ static void test_mpirun_2(void **state) {
             fail_msg("mpirun: step %d loss %.7f, local %.7f", s, got[s], want[s]);
 }
 
-/* Runs job with train.epochs=1 in run folder name and reads the losses
- * of up to max steps; returns the steps logged. */
-static int epoch_losses(const char *name, const char *job, double *loss, int max) {
+/* Runs job for one epoch (train.epochs=1) with one validation batch
+ * (train.eval_batches=1) in run folder name: reads the losses of up to max
+ * steps and the final validation line (from "eval val") into val; returns
+ * the steps logged. */
+static int epoch_run(const char *name, const char *job, double *loss, int max, char *val, size_t cap) {
     const char *dir = th_path(name);
-    const char *argv[] = {"tessera-run", job, "--run-dir", dir, "--set", "train.epochs=1", NULL};
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, "--set", "train.epochs=1",
+                          "--set", "train.eval_batches=1", NULL};
     th_proc p = th_start(name, argv);
     if (th_wait(&p, 240000) != 0) dump(&p, "the run did not exit 0");
+    char *text = th_output(&p);
+    const char *v = strstr(text, "eval val at step");
+    snprintf(val, cap, "%.*s", v ? (int)strcspn(v, "\n") : 0, v ? v : "");
+    free(text);
     return th_losses(dir, loss, max);
 }
 
 /* With train.epochs a cluster job runs the epoch's steps, not "steps":
  * 54000 samples over 2 workers at batch 2000 are 13 steps (the scheduler
- * is told so), those of one process at batch 4000. */
+ * is told so), those of one process at batch 4000; a validation batch per
+ * rank scores what one at batch 4000 does. */
 static void test_epochs(void **state) {
     (void)state;
     enum { EPOCH = 13 };
     double want[EPOCH + 2], got[EPOCH + 2];
-    int local = epoch_losses("local-epochs", job_file("local-epochs", "mlp", 3, 4000, "local", 1, ""), want, EPOCH + 1);
-    int ddp = epoch_losses("ddp-epochs", job_file("ddp-epochs", "mlp", 3, 2000, "ddp", 2, ""), got, EPOCH + 1);
+    char local_val[256], ddp_val[256];
+    int local = epoch_run("local-epochs", job_file("local-epochs", "mlp", 3, 4000, "local", 1, ""), want, EPOCH + 1,
+                          local_val, sizeof local_val);
+    int ddp = epoch_run("ddp-epochs", job_file("ddp-epochs", "mlp", 3, 2000, "ddp", 2, ""), got, EPOCH + 1, ddp_val,
+                        sizeof ddp_val);
     if (local != EPOCH || ddp != EPOCH) fail_msg("one epoch: %d steps local, %d with ddp; want %d", local, ddp, EPOCH);
     for (int s = 1; s <= EPOCH; s++)
         if (!(fabs(got[s] - want[s]) <= 1e-5 * fabs(want[s])))
             fail_msg("epochs: step %d loss %.7f, local %.7f", s, got[s], want[s]);
+    if (!local_val[0] || strcmp(local_val, ddp_val) != 0)
+        fail_msg("validation of one batch per rank:\n  local: %s\n  ddp:   %s", local_val, ddp_val);
     assert_int_equal(th_leftovers(), 0);
 }
 
