@@ -375,6 +375,7 @@ static ts_status forward_micro(pipe_strategy *p, int c, int m) {
     ts_status st = TS_OK;
     ts_tensor *x;
     p->at_what = "forward";
+    ts_trainer_dropout_key(p->base.trainer, m);
     if (piece == 0) {
         x = first_input(p, m);
         if (!x) return ts_last_status();
@@ -420,6 +421,7 @@ static ts_status backward_micro(pipe_strategy *p, int c, int m, bool last) {
     }
     double t0 = ts_clock_ms();
     t->last_micro = last;
+    ts_trainer_dropout_key(t, m); /* a recomputed block draws its forward's masks */
     if (!st) st = ts_backward(u->out, g);
     t->last_micro = false;
     /* bf16 compute: this micro-batch's gradients into the f32 master */

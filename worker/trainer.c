@@ -334,9 +334,13 @@ void ts_trainer_grads_begin(ts_trainer *t) {
     ts_model *m = t->model;
     ts_model_zero_grad(m);
     ts_model_train(m, true);
-    /* one dropout key per step, the same on every process and after resume */
-    m->dropout_key = ts_key_fold_in(ts_key_from_seed((uint64_t)t->job.seed ^ 0x64726f70ULL), (uint64_t)t->step);
     memset(t->ready, 0, (size_t)m->n_params * sizeof *t->ready);
+}
+
+void ts_trainer_dropout_key(ts_trainer *t, int micro) {
+    ts_key k = ts_key_fold_in(ts_key_from_seed((uint64_t)t->job.seed ^ 0x64726f70ULL), (uint64_t)t->step);
+    k = ts_key_fold_in(k, (uint64_t)micro);
+    t->model->dropout_key = ts_key_fold_in(k, (uint64_t)t->strategy->group.rank);
 }
 
 ts_status ts_trainer_grads_end(ts_trainer *t) {
@@ -361,6 +365,7 @@ ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples) {
         if (st) return st;
         double l = 0;
         t->last_micro = i == k - 1;
+        ts_trainer_dropout_key(t, i);
         st = ts_trainer_micro(t, &b, 1.0 / k, &l);
         t->last_micro = false;
         /* bf16 compute: add this micro-batch's gradients to the f32 master */

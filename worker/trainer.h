@@ -107,12 +107,21 @@ ts_status ts_trainer_micro(ts_trainer *t, const ts_batch *b, double scale, doubl
 ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples);
 
 /* The two ends of ts_trainer_grads, for a strategy that runs its own
- * micro-batches (a pipeline stage): begin zeros the gradients, sets the
- * step's dropout key and forgets which parameters were announced; a
- * backward that runs with t->last_micro set announces each parameter as
- * its gradient becomes final; end announces the ones that were not. */
+ * micro-batches (a pipeline stage): begin zeros the gradients and forgets
+ * which parameters were announced; a backward that runs with
+ * t->last_micro set announces each parameter as its gradient becomes
+ * final; end announces the ones that were not. */
 void ts_trainer_grads_begin(ts_trainer *t);
 ts_status ts_trainer_grads_end(ts_trainer *t);
+
+/* Sets the key the model's dropout masks are drawn from for micro-batch
+ * micro of the coming step on this process's data-parallel rank: one of
+ * its own for each (step, micro-batch, rank), so that no two micro-batches
+ * or ranks share masks, and the same in every run of the job's seed (and
+ * after a resume). Before the micro-batch's forward, and again before its
+ * backward where other forwards ran in between (a recomputed block draws
+ * the masks of its forward). */
+void ts_trainer_dropout_key(ts_trainer *t, int micro);
 
 /* Clips the strategy's slices by the job's global gradient norm (reduced by
  * the strategy), steps the optimizer on them and advances t->step. */
