@@ -439,10 +439,27 @@ static ts_status finish_pipeline(ts_job *job) {
     return TS_OK;
 }
 
+/* A model on a GPU (device "cuda") where the strategy's buffers are in
+ * host memory: fsdp's shards and a pipeline's stages, and the bf16
+ * gradient copies of ddp's buckets, are refused by name. */
+static ts_status check_device(const ts_job *job) {
+    const ts_job_parallel *p = &job->parallel;
+    if (job->device != TS_JOB_DEVICE_CUDA) return TS_OK;
+    if (p->strategy == TS_STRATEGY_FSDP || p->strategy == TS_STRATEGY_PIPELINE)
+        return ts_error(TS_ERR_VALUE, "device: \"cuda\" with parallel.strategy \"%s\" is not supported yet (its %s "
+                        "are in host memory); use device \"cpu\"", ts_job_strategy_name(p->strategy),
+                        p->strategy == TS_STRATEGY_FSDP ? "shards, gathers and gradients" : "activations and gradients");
+    if (p->strategy == TS_STRATEGY_DDP && p->wire_dtype == TS_WIRE_BF16)
+        return ts_error(TS_ERR_VALUE, "parallel.wire_dtype: \"bf16\" with device \"cuda\" under strategy \"ddp\" is "
+                        "not supported (NCCL reduces the f32 gradients); use \"f32\"");
+    return TS_OK;
+}
+
 /* Derived defaults and checks that involve more than one field. */
 static ts_status finish_job(ts_job *job) {
     ts_job_parallel *p = &job->parallel;
     ts_status st = finish_pipeline(job);
+    if (!st) st = check_device(job);
     if (st) return st;
     if (p->min_workers == 0) p->min_workers = p->workers;
     if (p->max_workers == 0)

@@ -181,6 +181,23 @@ static void test_pipeline(void **state) {
     expect_error("{\"parallel\": {\"schedule\": \"zb\"}}", NULL, 0, "parallel.schedule");
 }
 
+/* A model on a GPU under a strategy whose buffers are in host memory is
+ * refused at validation, naming the fields; ddp and ps take it. */
+static void test_device_strategy(void **state) {
+    (void)state;
+    expect_error("{\"device\": \"cuda\", \"parallel\": {\"strategy\": \"fsdp\", \"workers\": 2}}", NULL, 0,
+                 "device: \"cuda\" with parallel.strategy \"fsdp\" is not supported yet");
+    expect_error("{\"device\": \"cuda\", \"parallel\": {\"strategy\": \"pipeline\"}}", NULL, 0,
+                 "device: \"cuda\" with parallel.strategy \"pipeline\" is not supported yet");
+    expect_error("{\"device\": \"cuda\", \"parallel\": {\"strategy\": \"ddp\", \"wire_dtype\": \"bf16\"}}", NULL, 0,
+                 "parallel.wire_dtype: \"bf16\" with device \"cuda\" under strategy \"ddp\"");
+    ts_job job;
+    assert_int_equal(ts_job_parse("{\"device\": \"cuda\", \"parallel\": {\"strategy\": \"ddp\"}}", NULL, 0, &job), TS_OK);
+    assert_int_equal(ts_job_parse("{\"device\": \"cuda\", \"parallel\": {\"strategy\": \"ps\", \"servers\": 1, "
+                                  "\"wire_dtype\": \"bf16\"}}", NULL, 0, &job), TS_OK);
+    assert_int_equal(ts_job_parse("{\"parallel\": {\"strategy\": \"fsdp\", \"wire_dtype\": \"bf16\"}}", NULL, 0, &job), TS_OK);
+}
+
 static void test_override_errors(void **state) {
     (void)state;
     const char *noeq[] = {"parallel.workers"};
@@ -303,6 +320,7 @@ int main(void) {
         cmocka_unit_test(test_errors_name_the_field),
         cmocka_unit_test(test_placement),
         cmocka_unit_test(test_pipeline),
+        cmocka_unit_test(test_device_strategy),
         cmocka_unit_test(test_override_errors),
         cmocka_unit_test(test_override_numbers),
         cmocka_unit_test(test_load_file_and_round_trip),
