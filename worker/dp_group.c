@@ -18,7 +18,7 @@ ts_status ts_dp_group_open(ts_dp_group *g, ts_strategy *s, const char *what, con
     *g = (ts_dp_group){.s = s, .what = what, .mpi_comm = o->mpi_comm, .hooks = *hooks};
     /* the loader is made before the join: shard it for the job's workers
      * (its steps per epoch), the first generation takes the live group */
-    s->group = (ts_group){.rank = 0, .world = o->job->parallel.workers};
+    s->group = (ts_group){.rank = 0, .world = ts_strategy_data_world(o->job)};
     if (g->mpi_comm) return TS_OK;
     if (!(g->port = ts_ring_port_for_job(o->job, o->key_file, what))) return ts_last_status();
     snprintf(s->address, sizeof s->address, "%s", ts_ring_port_endpoint(g->port));

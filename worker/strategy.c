@@ -47,6 +47,15 @@ void ts_strategy_free(ts_strategy *s) {
     if (s) s->ops->free(s);
 }
 
+int ts_strategy_data_world(const ts_job *job) {
+    switch (job->parallel.strategy) {
+    case TS_STRATEGY_LOCAL:
+    case TS_STRATEGY_STANDIN: return 1;
+    case TS_STRATEGY_PIPELINE: return job->parallel.data_parallel;
+    default: return job->parallel.workers;
+    }
+}
+
 /* This node's index among the live workers of roster r (ranks ascending),
  * and their number. */
 static void worker_place(const ts_proto_member *r, size_t n, int32_t me, int *index, int *workers) {

@@ -145,6 +145,14 @@ ts_strategy *ts_strategy_create(const ts_strategy_options *o);
 /* Calls s->ops->free; NULL is fine. */
 void ts_strategy_free(ts_strategy *s);
 
+/* The ways job's strategy shards the training set when its workers start
+ * (each data-parallel copy takes every world-th sample): 1 for "local"
+ * and "standin" (each stand-in trains its own replica on all of it),
+ * parallel.data_parallel for "pipeline" (a replica's stages read the same
+ * batches), parallel.workers otherwise. The loader's steps per epoch, and
+ * so a job of train.epochs, follow from it. */
+int ts_strategy_data_world(const ts_job *job);
+
 /* The constructors of ts_strategy_create's table (strategy_<name>.c). */
 ts_strategy *ts_strategy_local_new(const ts_strategy_options *o);
 ts_strategy *ts_strategy_standin_new(const ts_strategy_options *o);

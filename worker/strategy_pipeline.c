@@ -986,7 +986,7 @@ ts_strategy *ts_strategy_pipeline_new(const ts_strategy_options *o) {
     const ts_job_parallel *jp = &o->job->parallel;
     p->base.ops = &pipe_ops;
     p->base.join_first = true;
-    p->base.group = (ts_group){.rank = 0, .world = jp->data_parallel};
+    p->base.group = (ts_group){.rank = 0, .world = ts_strategy_data_world(o->job)};
     p->P = jp->stages;
     p->D = jp->data_parallel;
     p->M = jp->micro_batches;

@@ -316,6 +316,6 @@ ts_strategy *ts_strategy_ps_new(const ts_strategy_options *o) {
     d->have = d->reported = d->reduce_step = d->rollback_to = -1;
     /* the loader is made before the join: shard it for the job's workers
      * (its steps per epoch), attach takes the live group */
-    d->base.group = (ts_group){.rank = 0, .world = o->job->parallel.workers};
+    d->base.group = (ts_group){.rank = 0, .world = ts_strategy_data_world(o->job)};
     return &d->base;
 }

@@ -102,7 +102,6 @@ static const ts_strategy_ops standin_ops = {
 };
 
 ts_strategy *ts_strategy_standin_new(const ts_strategy_options *o) {
-    (void)o;
     standin_strategy *d = calloc(1, sizeof *d);
     if (!d) {
         ts_error(TS_ERR_MEMORY, "strategy standin: out of memory");
@@ -110,6 +109,6 @@ ts_strategy *ts_strategy_standin_new(const ts_strategy_options *o) {
     }
     d->base.ops = &standin_ops;
     /* independent replicas: each trains on all the data */
-    d->base.group = (ts_group){.rank = 0, .world = 1, .generation = 0, .leader = false};
+    d->base.group = (ts_group){.rank = 0, .world = ts_strategy_data_world(o->job), .generation = 0, .leader = false};
     return &d->base;
 }

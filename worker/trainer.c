@@ -228,18 +228,6 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     return t;
 }
 
-/* The ways a job's strategy shards the training set when it starts: a
- * pipeline's replicas, every worker of ps, ddp and fsdp, one otherwise. */
-static int data_world(const ts_job *job) {
-    switch (job->parallel.strategy) {
-    case TS_STRATEGY_PIPELINE: return job->parallel.data_parallel;
-    case TS_STRATEGY_PS:
-    case TS_STRATEGY_DDP:
-    case TS_STRATEGY_FSDP: return job->parallel.workers;
-    default: return 1;
-    }
-}
-
 ts_status ts_trainer_steps(const ts_job *job, int64_t *steps) {
     *steps = job->steps;
     if (job->train.epochs <= 0) return TS_OK;
@@ -248,7 +236,8 @@ ts_status ts_trainer_steps(const ts_job *job, int64_t *steps) {
     t->job = *job;
     t->job.data.prefetch = 0;
     ts_status st = load_data(t);
-    if (!st && !(t->loader = make_loader(t, &(ts_group){.rank = 0, .world = data_world(job)}))) st = ts_last_status();
+    if (!st && !(t->loader = make_loader(t, &(ts_group){.rank = 0, .world = ts_strategy_data_world(job)})))
+        st = ts_last_status();
     if (!st) *steps = job->train.epochs * (ts_loader_batches_per_epoch(t->loader) / job->train.accum_steps);
     ts_trainer_free(t);
     return st;

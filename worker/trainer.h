@@ -91,8 +91,9 @@ ts_status ts_trainer_attach(ts_trainer *t);
 void ts_trainer_free(ts_trainer *t);
 
 /* The optimizer steps job takes: job->steps, or with train.epochs that
- * many epochs of the training set sharded as its strategy starts (its
- * workers, a pipeline's replicas; the data set is loaded to count them). */
+ * many epochs of the training set sharded as its strategy shards it at
+ * the start (ts_strategy_data_world; the data set is loaded to count
+ * them). */
 ts_status ts_trainer_steps(const ts_job *job, int64_t *steps);
 
 /* One micro-batch forward + backward: adds this batch's gradient, scaled by

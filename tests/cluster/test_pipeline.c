@@ -9,9 +9,10 @@
  * give a local run's at twice the batch;
  * the same over MPI under mpirun, plain and interleaved; the stages'
  * checkpoint loads into a local run and into another stage count, which
- * continue with an uninterrupted local run's losses; a stage killed -9
- * (plain and interleaved) stops every other stage with an error naming
- * it, and tessera-run restarts the pipeline from its checkpoint and
+ * continue with an uninterrupted local run's losses; a job of
+ * train.epochs runs the epoch's steps, however many "steps" says; a
+ * stage killed -9 (plain and interleaved) stops every other stage with an
+ * error naming it, and tessera-run restarts the pipeline from its checkpoint and
  * finishes. Run one scenario by name: cluster_test_pipeline test_<name>. */
 #include <math.h>
 #include <setjmp.h>
@@ -263,6 +264,35 @@ static void test_checkpoint_cuts(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* A job of train.epochs: one epoch of 1 % of Fashion-MNIST's training
+ * images (600, 18 batches of 32) whose "steps" (10) says less. The job
+ * runs the epoch's 18 steps (the scheduler is told them, not "steps"),
+ * with the losses of a local run with 4-step accumulation. */
+static void test_epochs(void **state) {
+    (void)state;
+    enum { EPOCH = 18 };
+    double want[EPOCH + 1], got[EPOCH + 1];
+    const char *runs[] = {"pipe-ep-local", "pipe-ep"};
+    for (int k = 0; k < 2; k++) {
+        char text[2048], file[64], par[512];
+        pipeline_section(par, sizeof par, 2, 1, 4, "1f1b", "");
+        snprintf(text, sizeof text,
+                 "{\"name\": \"%s\", \"seed\": 5, \"steps\": 10,\n"
+                 " \"model\": {\"arch\": \"mlp\", \"hidden\": [64, 48, 32]},\n"
+                 " \"data\": {\"kind\": \"fashion_mnist\", \"val_fraction\": 0.99},\n"
+                 " \"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.002}, \"schedule\": {\"kind\": \"cosine\"},\n"
+                 " \"train\": {\"batch_size\": %d, \"accum_steps\": %d, \"epochs\": 1, \"log_every\": 1, "
+                 "\"eval_batches\": 2},\n"
+                 " \"parallel\": {%s}}\n",
+                 runs[k], k ? 32 : 8, k ? 1 : 4, k ? par : "\"strategy\": \"local\"");
+        snprintf(file, sizeof file, "%s.json", runs[k]);
+        const char *argv[] = {"tessera-run", th_write(file, text), "--run-dir", th_path(runs[k]), NULL};
+        th_run_losses(runs[k], argv, th_path(runs[k]), k ? got : want, EPOCH);
+    }
+    th_expect_same(got, want, 1, EPOCH, "2 stages, one epoch");
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* Pid of the worker of rank r ("[run] worker rank R is pid P"), the last
  * one started; -1 when none. */
 static pid_t worker_pid(const th_proc *p, int r) {
@@ -339,7 +369,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gpt_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_dp_2x2),
         cmocka_unit_test(test_interleaved_mlp), cmocka_unit_test(test_interleaved_gpt), cmocka_unit_test(test_bf16), cmocka_unit_test(test_memory),
         cmocka_unit_test(test_checkpoint_cuts), cmocka_unit_test(test_mpirun_2), cmocka_unit_test(test_mpirun_interleaved),
-        cmocka_unit_test(test_kill_stage), cmocka_unit_test(test_kill_stage_interleaved),
+        cmocka_unit_test(test_kill_stage), cmocka_unit_test(test_kill_stage_interleaved), cmocka_unit_test(test_epochs),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
