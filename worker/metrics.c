@@ -42,13 +42,17 @@ static ts_status cut_after(const char *path, int64_t last) {
     return ts_io_atomic_commit(&out);
 }
 
-FILE *ts_metrics_open(const char *run_dir, int64_t resumed_step) {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+FILE *ts_metrics_open_lines(const char *path, int64_t resumed_step) {
     if (resumed_step > 0 && cut_after(path, resumed_step)) return NULL;
     FILE *f = fopen(path, resumed_step > 0 ? "a" : "w");
     if (!f) ts_error(TS_ERR_IO, "metrics: cannot open %s: %s", path, strerror(errno));
     return f;
+}
+
+FILE *ts_metrics_open(const char *run_dir, int64_t resumed_step) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    return ts_metrics_open_lines(path, resumed_step);
 }
 
 void ts_metrics_banner(const ts_trainer *t) {

@@ -15,6 +15,11 @@
  * lines of later steps a stopped run wrote (they are run again). */
 FILE *ts_metrics_open(const char *run_dir, int64_t resumed_step);
 
+/* ts_metrics_open's rule for any file of JSON lines of steps at path
+ * (each line's first "step": says its step), such as a pipeline stage's
+ * timeline. */
+FILE *ts_metrics_open_lines(const char *path, int64_t resumed_step);
+
 /* The run's header: job, model summary (not with a shared forward), data,
  * steps. */
 void ts_metrics_banner(const ts_trainer *t);

@@ -73,6 +73,7 @@
 #include "sharding/schedule.h"
 #include "worker/buckets.h"
 #include "worker/checkpoint_parts.h"
+#include "worker/metrics.h"
 #include "worker/pipeline_plan.h"
 #include "worker/strategy.h"
 #include "worker/trainer.h"
@@ -747,7 +748,9 @@ static int tied_index(const pipe_strategy *p) {
     return -1;
 }
 
-/* Opens the stage's timeline file (parallel.timeline). */
+/* Opens the stage's timeline file (parallel.timeline); a stage resumed
+ * from step k's checkpoint keeps the lines of steps up to k (the later
+ * ones are run again), as the run's metrics do. */
 static ts_status open_timeline(pipe_strategy *p) {
     const ts_trainer *t = p->base.trainer;
     if (!t->job.parallel.timeline || !t->run_dir[0]) return TS_OK;
@@ -755,8 +758,10 @@ static ts_status open_timeline(pipe_strategy *p) {
     snprintf(path, sizeof path, "%s/timeline", t->run_dir);
     mkdir(path, 0755);
     snprintf(path, sizeof path, "%s/timeline/stage-%d-replica-%d.jsonl", t->run_dir, p->stage, p->replica);
-    if (!(p->timeline = fopen(path, "a")) || !(p->iv = calloc((size_t)(2 * p->V * p->M), sizeof *p->iv)))
-        return ts_error(TS_ERR_IO, "strategy pipeline: cannot open the timeline %s", path);
+    if (!(p->timeline = ts_metrics_open_lines(path, t->step))) return ts_last_status();
+    if (!(p->iv = calloc((size_t)(2 * p->V * p->M), sizeof *p->iv)))
+        return ts_error(TS_ERR_MEMORY, "strategy pipeline: out of memory for the timeline of %d operations",
+                        2 * p->V * p->M);
     return TS_OK;
 }
 

@@ -11,7 +11,7 @@
  * checkpoint loads into a local run and into another stage count, which
  * continue with an uninterrupted local run's losses; a job of
  * train.epochs runs the epoch's steps, however many "steps" says; a
- * stage killed -9 (plain and interleaved) stops every other stage with an
+ * resumed stage's timeline holds each step once; a stage killed -9 (plain and interleaved) stops every other stage with an
  * error naming it, and tessera-run restarts the pipeline from its checkpoint and
  * finishes. Run one scenario by name: cluster_test_pipeline test_<name>. */
 #include <math.h>
@@ -320,11 +320,46 @@ static int names_stage_1(const th_proc *p, int stage) {
     return found;
 }
 
+/* Fails unless stage s's timeline in run dir holds steps 1..steps once
+ * each, in order (a restarted stage drops the lines of the steps it runs
+ * again). */
+static void expect_timeline_steps(const char *dir, int s, int steps) {
+    char path[4300], line[1 << 16];
+    snprintf(path, sizeof path, "%s/timeline/stage-%d-replica-0.jsonl", dir, s);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, "\"step\":");
+        int step = at ? atoi(at + 7) : -1;
+        if (step != ++n) fail_msg("%s: line %d is of step %d", path, n, step);
+    }
+    fclose(f);
+    if (n != steps) fail_msg("%s: %d steps, not %d", path, n, steps);
+}
+
+/* A 2-stage run of 20 steps with a timeline, resumed from its checkpoint
+ * of step 10 (the one of step 20 removed), ends with each step once in
+ * every stage's timeline, as in its metrics. */
+static void test_timeline_resume(void **state) {
+    (void)state;
+    double loss[21];
+    char par[512], cmd[9000];
+    pipeline_section(par, sizeof par, 2, 1, 2, "1f1b", ", \"timeline\": true");
+    th_run_job("pipe-tl", "mlp", 20, 16, 1, par, false, loss);
+    const char *dir = th_path("pipe-tl");
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/checkpoints/step-20' '%s'/checkpoints/stages/stage-*/step-20", dir, dir);
+    assert_int_equal(system(cmd), 0);
+    th_run_job("pipe-tl", "mlp", 20, 16, 1, par, true, loss);
+    for (int s = 0; s < 2; s++) expect_timeline_steps(dir, s, 20);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* kill -9 of stage 1 of 3 mid-training (chunks per stage; with 2 the
  * pipeline loops, stage 2 handing on to stage 0): stages 0 and 2 stop with
  * errors naming it, tessera-run restarts all three from the last
  * checkpoint, and the job finishes with an uninterrupted local run's
- * losses. */
+ * losses, and every stage's timeline holds each step once. */
 static void kill_stage(const char *name, int chunks) {
     enum { KSTEPS = 60 };
     int m = chunks > 1 ? 6 : 4; /* interleaving: a multiple of the 3 stages */
@@ -356,6 +391,7 @@ static void kill_stage(const char *name, int chunks) {
     fprintf(stderr, "the pipeline was restarting %.0f ms after the kill\n", stopped);
     if (th_losses(dir, got, KSTEPS) != KSTEPS) th_dump(&run, "the restarted job did not log every step");
     th_expect_same(got, want, 1, KSTEPS, "3 stages with a restart");
+    for (int s = 0; s < 3; s++) expect_timeline_steps(dir, s, KSTEPS);
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -370,6 +406,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_interleaved_mlp), cmocka_unit_test(test_interleaved_gpt), cmocka_unit_test(test_bf16), cmocka_unit_test(test_memory),
         cmocka_unit_test(test_checkpoint_cuts), cmocka_unit_test(test_mpirun_2), cmocka_unit_test(test_mpirun_interleaved),
         cmocka_unit_test(test_kill_stage), cmocka_unit_test(test_kill_stage_interleaved), cmocka_unit_test(test_epochs),
+        cmocka_unit_test(test_timeline_resume),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
