@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "kernels/io/atomic.h"
+#include "proto/job_model.h"
 
 typedef enum {
     FIELD_INT,     /* int, bounded by [min, max] */
@@ -405,6 +406,27 @@ static ts_status fill_section(const field *table, json_t *obj,
     return TS_OK;
 }
 
+/* A pipeline's pieces (stages x chunks) against the model's units: at
+ * least one unit each, and parallel.pipeline_stages, when given, holding
+ * them all. */
+static ts_status check_cut(const ts_job *job, int pieces) {
+    const ts_job_parallel *p = &job->parallel;
+    ts_model_spec spec;
+    ts_status st = ts_job_model_spec(job, &spec);
+    if (st) return st;
+    int units = ts_model_units(&spec);
+    if (units < pieces)
+        return ts_error(TS_ERR_VALUE, "parallel.stages: %d stages x %d chunks (parallel.chunks_per_stage) are %d "
+                        "pieces, but the model has %d units (one a piece at least)", p->stages, p->chunks_per_stage,
+                        pieces, units);
+    int64_t held = 0;
+    for (int i = 0; i < p->pipeline_stages.n; i++) held += p->pipeline_stages.v[i];
+    if (p->pipeline_stages.n && held != units)
+        return ts_error(TS_ERR_VALUE, "parallel.pipeline_stages: the pieces hold %lld units but the model has %d",
+                        (long long)held, units);
+    return TS_OK;
+}
+
 /* Strategy "pipeline": P stages times D replicas are the job's workers
  * (parallel.workers may say so or be left at 1), none joins later, and the
  * batch splits into the micro-batches. */
@@ -435,6 +457,8 @@ static ts_status finish_pipeline(ts_job *job) {
     if (job->train.accum_steps != 1)
         return ts_error(TS_ERR_VALUE, "train.accum_steps: %d; a pipeline accumulates its micro-batches "
                         "(parallel.micro_batches) instead", job->train.accum_steps);
+    ts_status st = check_cut(job, pieces);
+    if (st) return st;
     p->workers = p->min_workers = p->max_workers = w;
     return TS_OK;
 }

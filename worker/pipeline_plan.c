@@ -55,14 +55,11 @@ ts_status ts_pipeline_profile(const ts_model_spec *spec, int64_t b, int units, d
     return st;
 }
 
-/* The cut from parallel.pipeline_stages (units per piece). */
-static ts_status given_cut(const ts_job_parallel *p, int pieces, int units, int *cut) {
+/* The cut from parallel.pipeline_stages (units per piece; the job's
+ * validation made them add up to the model's units). */
+static void given_cut(const ts_job_parallel *p, int pieces, int *cut) {
     cut[0] = 0;
     for (int s = 0; s < pieces; s++) cut[s + 1] = cut[s] + (int)p->pipeline_stages.v[s];
-    if (cut[pieces] != units)
-        return ts_error(TS_ERR_VALUE, "parallel.pipeline_stages: the pieces hold %d units but the model has %d",
-                        cut[pieces], units);
-    return TS_OK;
 }
 
 /* Profiles, cuts and prints the costs. */
@@ -94,10 +91,9 @@ ts_status ts_pipeline_plan(const ts_job *job, const ts_model_spec *spec, int *cu
     const ts_job_parallel *p = &job->parallel;
     int units = ts_model_units(spec);
     if (units < 0) return ts_last_status();
-    int pieces = p->stages * p->chunks_per_stage;
-    if (units < pieces)
-        return ts_error(TS_ERR_VALUE, "parallel.stages: %d stages of %d chunks (parallel.chunks_per_stage) for a "
-                        "model of %d units", p->stages, p->chunks_per_stage, units);
-    ts_status st = p->pipeline_stages.n ? given_cut(p, pieces, units, cut) : profiled_cut(job, spec, pieces, units, cut);
+    int pieces = p->stages * p->chunks_per_stage; /* no more than the units: the job's validation */
+    ts_status st = TS_OK;
+    if (p->pipeline_stages.n) given_cut(p, pieces, cut);
+    else st = profiled_cut(job, spec, pieces, units, cut);
     return st ? st : ts_pipeline_check_cut(cut, pieces, units);
 }

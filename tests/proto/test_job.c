@@ -141,7 +141,8 @@ static void test_placement(void **state) {
 
 /* strategy "pipeline": its workers are stages x replicas, the batch splits
  * into the micro-batches, the listed cut has one entry per piece (stage x
- * chunk), interleaving wants micro-batches in multiples of the stages. */
+ * chunk) and holds the model's units, a piece has one unit at least,
+ * interleaving wants micro-batches in multiples of the stages. */
 static void test_pipeline(void **state) {
     (void)state;
     ts_job job;
@@ -165,7 +166,7 @@ static void test_pipeline(void **state) {
                  "parallel.pipeline_stages: 3 pieces listed but parallel.stages 2 x parallel.chunks_per_stage 1 is 2");
     /* interleaved: a piece per stage and chunk, M a multiple of P */
     const char *interleaved = "{\"parallel\": {\"strategy\": \"pipeline\", \"stages\": 2, \"chunks_per_stage\": 2, "
-                              "\"micro_batches\": 4, \"pipeline_stages\": [1, 2, 1, 2]}, \"train\": {\"batch_size\": 8}}";
+                              "\"micro_batches\": 4, \"pipeline_stages\": [1, 2, 1, 1]}, \"train\": {\"batch_size\": 8}}";
     assert_int_equal(ts_job_parse(interleaved, NULL, 0, &job), TS_OK);
     assert_int_equal(job.parallel.chunks_per_stage, 2);
     assert_int_equal(job.parallel.workers, 2);
@@ -176,6 +177,21 @@ static void test_pipeline(void **state) {
                  "\"micro_batches\": 6}, \"train\": {\"batch_size\": 12}}", NULL, 0,
                  "parallel.micro_batches: 6; interleaving 2 chunks per stage needs a multiple of parallel.stages (4)");
     expect_error("{\"parallel\": {\"chunks_per_stage\": 0}}", NULL, 0, "parallel.chunks_per_stage");
+    /* the pieces against the model's units (the default MLP's 5: three
+     * layers and two activations; a GPT of 2 blocks has 4) */
+    expect_error("{\"parallel\": {\"strategy\": \"pipeline\", \"stages\": 3, \"chunks_per_stage\": 2, "
+                 "\"micro_batches\": 3}, \"train\": {\"batch_size\": 6}}", NULL, 0,
+                 "parallel.stages: 3 stages x 2 chunks (parallel.chunks_per_stage) are 6 pieces, but the model has 5 "
+                 "units");
+    expect_error("{\"parallel\": {\"strategy\": \"pipeline\", \"stages\": 2, \"pipeline_stages\": [3, 3]}}", NULL,
+                 0, "parallel.pipeline_stages: the pieces hold 6 units but the model has 5");
+    expect_error("{\"model\": {\"arch\": \"gpt\", \"n_layer\": 2}, \"data\": {\"kind\": \"text\"}, "
+                 "\"parallel\": {\"strategy\": \"pipeline\", \"stages\": 5}}", NULL, 0,
+                 "parallel.stages: 5 stages x 1 chunks (parallel.chunks_per_stage) are 5 pieces, but the model has 4");
+    assert_int_equal(ts_job_parse("{\"model\": {\"arch\": \"gpt\", \"n_layer\": 2}, \"data\": {\"kind\": "
+                                  "\"text\"}, \"parallel\": {\"strategy\": \"pipeline\", \"stages\": 4}}",
+                                  NULL, 0, &job),
+                     TS_OK);
     expect_error("{\"parallel\": {\"strategy\": \"pipeline\"}, \"train\": {\"accum_steps\": 2}}", NULL, 0,
                  "train.accum_steps: 2; a pipeline accumulates its micro-batches");
     expect_error("{\"parallel\": {\"schedule\": \"zb\"}}", NULL, 0, "parallel.schedule");
