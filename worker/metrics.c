@@ -58,8 +58,14 @@ FILE *ts_metrics_open(const char *run_dir, int64_t resumed_step) {
 void ts_metrics_banner(const ts_trainer *t) {
     static const char *archs[] = {"MLP", "CNN", "GPT"};
     const ts_model *m = t->model;
-    printf("job %s: %s with %lld parameters (%.2f MiB), %lld training samples, %lld steps of batch %lld\n",
-           t->job.name, archs[t->spec.arch], (long long)m->numel, (double)m->numel * 4 / (1 << 20),
+    /* the whole model's count, also where this process builds a part (a
+     * pipeline stage) */
+    ts_model_memory whole;
+    long long n = ts_model_estimate(&t->spec, 1, 0, false, &whole) ? (long long)m->numel : (long long)whole.parameters;
+    char part[64] = "";
+    if (m->numel != n) snprintf(part, sizeof part, ", %lld of them here", (long long)m->numel);
+    printf("job %s: %s with %lld parameters (%.2f MiB%s), %lld training samples, %lld steps of batch %lld\n",
+           t->job.name, archs[t->spec.arch], n, (double)n * 4 / (1 << 20), part,
            (long long)ts_loader_length(t->loader), (long long)t->total_steps, (long long)t->job.train.batch_size);
     int64_t shape[TS_MAX_DIMS];
     ts_dtype dt;

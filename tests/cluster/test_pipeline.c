@@ -267,7 +267,8 @@ static void test_checkpoint_cuts(void **state) {
 /* A job of train.epochs: one epoch of 1 % of Fashion-MNIST's training
  * images (600, 18 batches of 32) whose "steps" (10) says less. The job
  * runs the epoch's 18 steps (the scheduler is told them, not "steps"),
- * with the losses of a local run with 4-step accumulation. */
+ * with the losses of a local run with 4-step accumulation; its banner
+ * counts the whole model's parameters. */
 static void test_epochs(void **state) {
     (void)state;
     enum { EPOCH = 18 };
@@ -290,6 +291,10 @@ static void test_epochs(void **state) {
         th_run_losses(runs[k], argv, th_path(runs[k]), k ? got : want, EPOCH);
     }
     th_expect_same(got, want, 1, EPOCH, "2 stages, one epoch");
+    /* the leader (stage 0) names the whole model's parameters, and its own */
+    th_proc run = {.status = 0};
+    snprintf(run.out, sizeof run.out, "%s", th_path("pipe-ep.out"));
+    th_expect_output(&run, "MLP with 55258 parameters (0.21 MiB, 50240 of them here)", 0);
     assert_int_equal(th_leftovers(), 0);
 }
 
