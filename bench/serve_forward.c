@@ -13,7 +13,7 @@
 #include "bench/bench_util.h"
 #include "kernels/autograd.h"
 #include "kernels/threads.h"
-#include "proto/job_model.h"
+#include "worker/model_open.h"
 
 int main(int argc, char **argv) {
     ts_threads_passive(argv);
@@ -25,7 +25,7 @@ int main(int argc, char **argv) {
     if (job) *job++ = '\0';
     ts_job j;
     ts_model_spec spec;
-    ts_model *m = ts_job_model_open(path, job, NULL, 0, &j, &spec);
+    ts_model *m = ts_worker_open_model(path, job, NULL, 0, &j, &spec);
     if (!m) {
         fprintf(stderr, "bench_serve_forward: %s\n", ts_last_error());
         return 1;

@@ -3,12 +3,12 @@
 
 #include "kernels/io/onnx.h"
 #include "launch/train.h"
-#include "proto/job_model.h"
+#include "worker/model_open.h"
 
 int ts_launch_export_onnx(const ts_launch_source *src, const char *out) {
     ts_job job;
     ts_model_spec spec;
-    ts_model *m = ts_job_model_open(src->path, src->job_path, src->sets, src->nsets, &job, &spec);
+    ts_model *m = ts_worker_open_model(src->path, src->job_path, src->sets, src->nsets, &job, &spec);
     if (!m || ts_onnx_export(m, &spec, out)) {
         fprintf(stderr, "tessera-run --export-onnx: %s\n", ts_last_error());
         ts_model_free(m);

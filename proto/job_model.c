@@ -98,25 +98,6 @@ ts_status ts_job_for_weights(const char *path, const char *job_path, const char 
     return weights_job(path, job_path, sets, nsets, job);
 }
 
-ts_model *ts_job_model_open(const char *path, const char *job_path, const char *const *sets, int nsets, ts_job *job,
-                            ts_model_spec *spec) {
-    bool ck;
-    ts_status st = ts_job_for_weights(path, job_path, sets, nsets, job, &ck);
-    if (!st && ck) { /* the checkpoint's weights, validated by opening it */
-        ts_checkpoint *c = ts_checkpoint_open(path);
-        st = c ? TS_OK : ts_last_status();
-        ts_checkpoint_close(c);
-        if (!st && snprintf(job->model.init_from, sizeof job->model.init_from, "%s/model.safetensors", path) >=
-                       (int)sizeof job->model.init_from)
-            st = ts_error(TS_ERR_VALUE, "%s: the checkpoint path is too long", path);
-        job->model.init_map[0] = '\0';
-    }
-    if (!st) st = ts_job_model_spec(job, spec);
-    ts_model *m = st ? NULL : ts_job_model_build(job, spec, NULL);
-    if (m) ts_model_train(m, false);
-    return m;
-}
-
 ts_status ts_job_optim_config(const ts_job *job, ts_optim_config *cfg) {
     const ts_job_optimizer *o = &job->optimizer;
     static const ts_optim_kind kinds[] = {TS_OPTIM_SGD, TS_OPTIM_ADAM, TS_OPTIM_ADAMW};

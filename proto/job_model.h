@@ -30,12 +30,6 @@ ts_model *ts_job_model_build(const ts_job *job, const ts_model_spec *spec, const
 ts_status ts_job_for_weights(const char *path, const char *job_path, const char *const *sets, int nsets, ts_job *job,
                              bool *is_checkpoint);
 
-/* A whole model with trained weights for inference or export (eval mode),
- * from a checkpoint folder or a weights file with its job, as
- * ts_job_for_weights reads them. The job goes to *job, its spec to *spec. */
-ts_model *ts_job_model_open(const char *path, const char *job_path, const char *const *sets, int nsets, ts_job *job,
-                            ts_model_spec *spec);
-
 /* The optimizer config of the job's "optimizer" section, checked. */
 ts_status ts_job_optim_config(const ts_job *job, ts_optim_config *cfg);
 

@@ -8,7 +8,7 @@
 #include <time.h>
 
 #include "kernels/autograd.h"
-#include "proto/job_model.h"
+#include "worker/model_open.h"
 
 struct ts_serve_request {
     int64_t n, T;         /* samples; tokens per sample (GPT) or 0 */
@@ -188,7 +188,7 @@ ts_serve_model *ts_serve_model_load(const char *name, const char *path, const ch
     }
     snprintf(m->name, sizeof m->name, "%s", name);
     m->batching = *b;
-    m->model = ts_job_model_open(path, job_path, NULL, 0, &m->job, &m->spec);
+    m->model = ts_worker_open_model(path, job_path, NULL, 0, &m->job, &m->spec);
     if (!m->model) {
         ts_error(ts_last_status(), "model %s: %s", name, ts_last_error());
         free(m);

@@ -124,12 +124,12 @@ static ts_status load_part(const char *dir, const table *tb, bool *done) {
     return st;
 }
 
-ts_status ts_parts_load(ts_trainer *t, const ts_checkpoint *ck) {
+ts_status ts_parts_read_model(const ts_checkpoint *ck, ts_model *m) {
     json_t *parts = json_object_get(ck->extra, "parts");
     if (!json_is_array(parts) || json_array_size(parts) == 0)
         return ts_error(TS_ERR_FORMAT, "checkpoint %s: extra.parts is not a list of part folders", ck->path);
     table tb;
-    ts_status st = table_make(t->model, &tb);
+    ts_status st = table_make(m, &tb);
     if (st) return st;
     bool *done = calloc((size_t)tb.n + 1, sizeof *done);
     if (!done) st = ts_error(TS_ERR_MEMORY, "checkpoint parts: out of memory");
@@ -148,9 +148,6 @@ ts_status ts_parts_load(ts_trainer *t, const ts_checkpoint *ck) {
     }
     for (int k = 0; !st && k < tb.n; k++)
         if (!done[k]) st = ts_error(TS_ERR_FORMAT, "checkpoint %s: no part holds %s", ck->path, tb.names[k]);
-    if (!st) st = ts_loader_set_position(t->loader, ck->loader);
-    if (!st) t->step = ck->step;
-    if (!st) st = ts_model_sync_compute(t->model);
     free(done);
     table_free(&tb);
     return st;

@@ -14,7 +14,7 @@
  * keep one checkpoint more than the index, so that the parts of the newest
  * index outlive the save of the next step.
  *
- * Loading (ts_parts_load) fills every parameter of a model - the whole
+ * Loading (ts_parts_read_model) fills every parameter of a model - the whole
  * model of a local run, or any stage of any cut - by name from the part
  * that holds it, and its optimizer state likewise; a parameter no part
  * holds is an error naming it.
@@ -37,8 +37,8 @@ ts_status ts_parts_save_index(ts_trainer *t, int parts, char *path, size_t cap);
 /* Whether checkpoint ck is an index of parts. */
 bool ts_parts_is_index(const ts_checkpoint *ck);
 
-/* Loads t's parameters, optimizer state, step and loader position from the
- * index ck. */
-ts_status ts_parts_load(ts_trainer *t, const ts_checkpoint *ck);
+/* Loads m's parameters and, when m holds optimizer state, that state from
+ * the parts the index ck lists. */
+ts_status ts_parts_read_model(const ts_checkpoint *ck, ts_model *m);
 
 #endif

@@ -66,6 +66,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kernels/io/checkpoint.h"
 #include "kernels/nn/models.h"
 #include "kernels/optim/optim.h"
 #include "membership/member.h"
@@ -197,5 +198,10 @@ ts_status ts_strategy_save_whole(ts_strategy *s, char *path, size_t cap);
  * keeping the newest keep (0: all). */
 ts_status ts_strategy_save_whole_in(ts_strategy *s, const char *root, int keep, char *path, size_t cap);
 ts_status ts_strategy_load_whole(ts_strategy *s, const char *dir);
+
+/* The weights of checkpoint ck - whole, FSDP shards or a pipeline's parts,
+ * whichever strategy wrote it - into m, and its optimizer state too when m
+ * holds state; names and shapes must match. */
+ts_status ts_strategy_read_model(const ts_checkpoint *ck, ts_model *m);
 
 #endif

@@ -135,34 +135,34 @@ static ts_status load_model(const ts_checkpoint *ck, ts_model *m) {
     return st;
 }
 
-ts_status ts_strategy_load_whole(ts_strategy *s, const char *dir) {
-    ts_trainer *t = s->trainer;
-    ts_checkpoint *ck = ts_checkpoint_open(dir);
-    if (!ck) return ts_last_status();
-    if (ts_parts_is_index(ck)) { /* a pipeline's stages */
-        ts_status st = ts_parts_load(t, ck);
-        ts_checkpoint_close(ck);
-        return st;
-    }
-    ts_model *m = t->model;
+ts_status ts_strategy_read_model(const ts_checkpoint *ck, ts_model *m) {
+    if (ts_parts_is_index(ck)) return ts_parts_read_model(ck, m); /* a pipeline's stages */
     ts_fsdp_layout l;
     bool sharded;
     ts_status st = ts_fsdp_layout_read(ck, &l, &sharded);
-    if (!st && sharded) {
+    if (st) return st;
+    if (sharded) {
         ts_fsdp_layout_free(&l);
-        st = ts_fsdp_read_model(ck, m);
-    } else if (!st) {
-        st = load_model(ck, m);
+        return ts_fsdp_read_model(ck, m);
     }
-    if (!st && !sharded && m->n_state) {
+    st = load_model(ck, m);
+    if (!st && m->n_state) {
         ts_tensor *state = ts_model_state_tensor(m);
         const char *sname = "state";
         st = state ? ts_safetensors_load_into(ck->optim, 1, &sname, &state, true) : ts_last_status();
         ts_tensor_release(state);
     }
+    return st;
+}
+
+ts_status ts_strategy_load_whole(ts_strategy *s, const char *dir) {
+    ts_trainer *t = s->trainer;
+    ts_checkpoint *ck = ts_checkpoint_open(dir);
+    if (!ck) return ts_last_status();
+    ts_status st = ts_strategy_read_model(ck, t->model);
     if (!st) st = ts_loader_set_position(t->loader, ck->loader);
     if (!st) t->step = ck->step;
-    if (!st) st = ts_model_sync_compute(m); /* the bf16 copy follows the loaded master */
+    if (!st) st = ts_model_sync_compute(t->model); /* the bf16 copy follows the loaded master */
     ts_checkpoint_close(ck);
     return st;
 }

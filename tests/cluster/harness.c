@@ -384,6 +384,31 @@ void th_copy_run(const char *from, const char *to) {
     assert_int_equal(system(cmd), 0);
 }
 
+char *th_run_tool(const char *tag, const char *const *argv) {
+    th_proc p = th_start(tag, argv);
+    if (th_wait(&p, 120000) != 0) th_dump(&p, "the command did not exit 0");
+    return th_output(&p);
+}
+
+void th_expect_export_whole(const char *tag, const char *ckpt) {
+    char whole[4300], whole_ckpt[4400], onnx[2][4300], cmd[9000];
+    snprintf(whole, sizeof whole, "%s", th_path(tag));
+    snprintf(whole_ckpt, sizeof whole_ckpt, "%s/step-", whole);
+    const char *cargv[] = {"tessera-run", "--consolidate", ckpt, "--out", whole, NULL};
+    free(th_run_tool(tag, cargv));
+    const char *step = strrchr(ckpt, '-'); /* ".../step-<k>" */
+    assert_non_null(step);
+    strncat(whole_ckpt, step + 1, sizeof whole_ckpt - strlen(whole_ckpt) - 1);
+    const char *from[2] = {ckpt, whole_ckpt};
+    for (int i = 0; i < 2; i++) {
+        snprintf(onnx[i], sizeof onnx[i], "%s-%d.onnx", th_path(tag), i);
+        const char *eargv[] = {"tessera-run", "--export-onnx", from[i], "-o", onnx[i], NULL};
+        free(th_run_tool(tag, eargv));
+    }
+    snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", onnx[0], onnx[1]);
+    if (system(cmd) != 0) fail_msg("%s: the ONNX export of %s differs from its consolidated copy's", tag, ckpt);
+}
+
 void th_need_mpirun(void) {
     if (system("command -v mpirun > /dev/null 2>&1") != 0) {
         fprintf(stderr, "mpirun not found: skipping the MPI test\n");

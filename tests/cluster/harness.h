@@ -114,6 +114,16 @@ void th_expect_same(const double *got, const double *want, int from, int to, con
 /* Copies the run folder from to to (checkpoints and metrics). */
 void th_copy_run(const char *from, const char *to);
 
+/* Runs "tessera-run args..." (argv; tag names it) to exit 0, else fails
+ * with its output; returns the output (free it). */
+char *th_run_tool(const char *tag, const char *const *argv);
+
+/* Exports checkpoint ckpt (of any strategy) with tessera-run
+ * --export-onnx, and the copy of it --consolidate writes, and fails unless
+ * both commands exit 0 and the two ONNX files are the same bytes; tag
+ * names the files in the test folder. */
+void th_expect_export_whole(const char *tag, const char *ckpt);
+
 /* Skips the calling test, saying so, when mpirun is not installed. */
 void th_need_mpirun(void);
 

@@ -6,7 +6,7 @@
  * compute tracks the local bf16 run; a run saved at W = 4 resumes at W = 2,
  * W = 3 and in one process with the losses of a run that never stopped;
  * the sharded checkpoint consolidates into one safetensors file that
- * --eval reads; a worker killed -9 mid-step is survived and the final
+ * --eval reads, and exports to ONNX as that file does; a worker killed -9 mid-step is survived and the final
  * checkpoint evaluates; with neighbour copies no step is lost, also when
  * the death falls inside a step's sums (made certain by TESSERA_FAULT); a
  * worker that joins gets its shards from the others. Run one scenario by
@@ -103,13 +103,6 @@ static void test_bf16(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
-/* Runs "tessera-run args..." to exit 0 and returns its output (free it). */
-static char *run_tool(const char *tag, const char *const *argv) {
-    th_proc p = th_start(tag, argv);
-    if (th_wait(&p, 120000) != 0) th_dump(&p, "the command did not exit 0");
-    return th_output(&p);
-}
-
 /* Saved at W = 4 after 20 steps (batch 3 each), the run resumes at W = 2
  * (batch 6), W = 3 (batch 4) and in one process (batch 12) with the
  * losses of an uninterrupted local run; the checkpoint consolidates into a
@@ -141,13 +134,13 @@ static void test_reshard(void **state) {
     snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-20", dir4);
     snprintf(out, sizeof out, "%s/whole", th_path("fsdp-r4"));
     const char *cargv[] = {"tessera-run", "--consolidate", ckpt, "--out", out, NULL};
-    free(run_tool("fsdp-consolidate", cargv));
+    free(th_run_tool("fsdp-consolidate", cargv));
     char whole_ckpt[4400];
     snprintf(whole_ckpt, sizeof whole_ckpt, "%s/step-20", out);
     const char *eargv[] = {"tessera-run", "--eval", whole_ckpt, NULL};
-    char *whole = run_tool("fsdp-eval-whole", eargv);
+    char *whole = th_run_tool("fsdp-eval-whole", eargv);
     const char *eargv2[] = {"tessera-run", "--eval", ckpt, NULL};
-    char *sharded = run_tool("fsdp-eval-sharded", eargv2);
+    char *sharded = th_run_tool("fsdp-eval-sharded", eargv2);
     const char *a = strstr(whole, "bits/byte"), *b = strstr(sharded, "bits/byte");
     if (!a || !b) fail_msg("no bits/byte in --eval's output:\n%s\n%s", whole, sharded);
     /* the line up to its figure is the same from both */
@@ -168,6 +161,7 @@ static void test_reshard(void **state) {
                  whole_ckpt);
         if (system(cmd) != 0) fail_msg("PyTorch could not read %s/model.safetensors", whole_ckpt);
     }
+    th_expect_export_whole("fsdp-export", ckpt);
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -209,7 +203,7 @@ static void test_kill_worker(void **state) {
     char ckpt[4300];
     snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-300", dir);
     const char *eargv[] = {"tessera-run", "--eval", ckpt, NULL};
-    char *text = run_tool("fsdp-kill-eval", eargv);
+    char *text = th_run_tool("fsdp-kill-eval", eargv);
     const char *a = strstr(text, "accuracy ");
     double acc = a ? atof(a + 9) : 0;
     if (acc < 75) fail_msg("the final checkpoint evaluates at %.2f%% (below 75%%):\n%s", acc, text);
@@ -293,7 +287,7 @@ static long expect_no_step_lost(th_proc *run, const char *name) {
     snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-%d", dir, STEPS_K);
     snprintf(tag, sizeof tag, "%s-eval", name);
     const char *eargv[] = {"tessera-run", "--eval", ckpt, NULL};
-    char *evaluated = run_tool(tag, eargv);
+    char *evaluated = th_run_tool(tag, eargv);
     const char *a = strstr(evaluated, "loss ");
     if (!a || !(atof(a + 5) < 0.8 * got[1]))
         fail_msg("the final checkpoint evaluates no better than 0.8 x the first step's loss %.4f:\n%s", got[1],

@@ -245,7 +245,8 @@ static void test_mpirun_interleaved(void **state) { (void)state; mpirun_pipeline
 
 /* A 4-stage run stopped after step 20 (its checkpoint) continues as a
  * local run and as a 2-stage pipeline with an uninterrupted local run's
- * losses for steps 21..30. */
+ * losses for steps 21..30; the checkpoint exports to ONNX as its
+ * consolidated copy does. */
 static void test_checkpoint_cuts(void **state) {
     (void)state;
     double want[STEPS + 1], got[STEPS + 1];
@@ -261,6 +262,10 @@ static void test_checkpoint_cuts(void **state) {
     th_copy_run(dir4, th_path("pipe-ck2"));
     run_pipeline("pipe-ck2", "gpt", STEPS, 8, 2, 1, 4, "gpipe", true, got);
     th_expect_same(got, want, 21, STEPS, "2 stages resumed from 4 stages");
+
+    char ckpt[4200];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-20", dir4);
+    th_expect_export_whole("pipe-ck-export", ckpt);
     assert_int_equal(th_leftovers(), 0);
 }
 
