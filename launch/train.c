@@ -44,6 +44,7 @@ static ts_trainer *trainer_from_checkpoint(const char *ckpt) {
     ts_trainer *t = NULL;
     if (!st) {
         job.data.prefetch = 0;
+        ts_job_forget_init(&job); /* the checkpoint's weights replace the first ones */
         t = ts_trainer_create(&job, ck->config, NULL, false, ts_strategy_local_new(NULL));
     }
     ts_checkpoint_close(ck);

@@ -55,6 +55,11 @@ ts_model *ts_job_model_build(const ts_job *job, const ts_model_spec *spec, const
     return m;
 }
 
+void ts_job_forget_init(ts_job *job) {
+    job->model.init_from[0] = '\0';
+    job->model.init_map[0] = '\0';
+}
+
 /* The job saved in the checkpoint folder dir. */
 static ts_status checkpoint_job(const char *dir, ts_job *job) {
     ts_checkpoint *ck = ts_checkpoint_open(dir);

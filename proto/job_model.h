@@ -22,6 +22,11 @@ ts_status ts_job_model_spec(const ts_job *job, ts_model_spec *spec);
  * model, a part takes its own parameters from the file). */
 ts_model *ts_job_model_build(const ts_job *job, const ts_model_spec *spec, const ts_unit_runs *runs);
 
+/* Drops the job's model.init_from and model.init_map: its model's weights
+ * come from a checkpoint instead (which holds them whole, so the file the
+ * run started from need not exist any more). */
+void ts_job_forget_init(ts_job *job);
+
 /* The job of the weights at path: a checkpoint folder's own saved job
  * (*is_checkpoint true; job_path must be NULL and nsets 0), or the job
  * file job_path whose model starts from the weights file path

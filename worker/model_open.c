@@ -9,10 +9,7 @@ ts_model *ts_worker_open_model(const char *path, const char *job_path, const cha
                                ts_job *job, ts_model_spec *spec) {
     bool is_checkpoint;
     ts_status st = ts_job_for_weights(path, job_path, sets, nsets, job, &is_checkpoint);
-    if (!st && is_checkpoint) { /* the checkpoint's weights replace whatever the run started from */
-        job->model.init_from[0] = '\0';
-        job->model.init_map[0] = '\0';
-    }
+    if (!st && is_checkpoint) ts_job_forget_init(job); /* the checkpoint's weights replace the first ones */
     if (!st) st = ts_job_model_spec(job, spec);
     ts_model *m = st ? NULL : ts_job_model_build(job, spec, NULL);
     if (m && is_checkpoint) {

@@ -188,7 +188,15 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     t->job_text = strdup(job_text ? job_text : "{}");
     snprintf(t->run_dir, sizeof t->run_dir, "%s", run_dir ? run_dir : "");
     ts_unit_runs runs = {0};
-    ts_status st = ts_job_model_spec(job, &t->spec);
+    char ckpt[1200] = ""; /* the checkpoint resumed from, if any */
+    ts_status st = TS_OK;
+    if (run_dir && resume) {
+        char root[1100];
+        int64_t step;
+        snprintf(root, sizeof root, "%s/checkpoints", t->run_dir);
+        st = ts_checkpoint_latest(root, ckpt, sizeof ckpt, &step);
+    }
+    if (!st) st = ts_job_model_spec(job, &t->spec);
     if (!st) st = s->ops->units(s, &t->spec, &runs);
     if (!st) st = load_data(t);
     if (!st) {
@@ -205,7 +213,9 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
             st = ts_error(TS_ERR_VALUE, "steps: the job has no steps to run");
     }
     if (!st) {
-        t->model = ts_job_model_build(job, &t->spec, &runs);
+        ts_job first = *job;
+        if (ckpt[0]) ts_job_forget_init(&first); /* the checkpoint's weights replace the first ones */
+        t->model = ts_job_model_build(&first, &t->spec, &runs);
         if (!t->model) st = ts_last_status();
         if (!st) st = ts_model_to(t->model, job_device(job, &s->group));
         if (!st && job->train.bf16) st = ts_model_set_compute_dtype(t->model, TS_BF16);
@@ -214,13 +224,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     if (!st) st = hook_params(t);
     if (!st) t->whole = whole_slice(t->model);
     if (!st && run_dir) st = make_dirs(t->run_dir);
-    if (!st && run_dir && resume) {
-        char root[1100], dir[1200];
-        int64_t step;
-        snprintf(root, sizeof root, "%s/checkpoints", t->run_dir);
-        st = ts_checkpoint_latest(root, dir, sizeof dir, &step);
-        if (!st && step >= 0) st = ts_trainer_load(t, dir);
-    }
+    if (!st && ckpt[0]) st = ts_trainer_load(t, ckpt);
     if (st) {
         ts_trainer_free(t);
         return NULL;

@@ -1,7 +1,8 @@
 /* test_import.c - weights trained in PyTorch, used through the real
  * tessera-run with nothing but a job: --eval of a CNN's safetensors, --generate
  * from a GPT under Hugging Face GPT-2 names with the shipped name map, a
- * training job starting from them (model.init_from), and the messages a
+ * training job starting from them (model.init_from) whose checkpoints
+ * evaluate and resume once that file is gone, and the messages a
  * mismatch gets (the tensor and both shapes). Weights come from
  * tests/kernels/import_torch.py (/usr/bin/python3 with torch). */
 #include <setjmp.h>
@@ -80,10 +81,21 @@ static void test_generate_hf_names(void **state) {
 
 static void test_train_from_weights(void **state) {
     (void)state;
-    assert_int_equal(run(CNN_JOB " --set model.init_from=%s/cnn_torch.safetensors --set train.epochs=0 --set steps=2 "
-                                 "--set schedule.warmup_steps=0 --set train.eval_batches=1 --run-dir %s/run",
-                         dir, dir),
-                     0);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "cp %s/cnn_torch.safetensors %s/init.safetensors", dir, dir);
+    assert_int_equal(system(cmd), 0);
+#define FINE_TUNE CNN_JOB " --set model.init_from=%s/init.safetensors --set train.epochs=0 --set schedule.warmup_steps=0 " \
+                          "--set train.eval_batches=1 --run-dir %s/run"
+    assert_int_equal(run(FINE_TUNE " --set steps=2", dir, dir), 0);
+    /* its checkpoints hold the weights: the file it started from may go */
+    snprintf(cmd, sizeof cmd, "%s/init.safetensors", dir);
+    assert_int_equal(remove(cmd), 0);
+    assert_int_equal(run("--eval %s/run/checkpoints/step-2", dir), 0);
+    assert_non_null(strstr(out, "step 2, test loss"));
+    assert_int_equal(run("--consolidate %s/run/checkpoints/step-2 --out %s/whole", dir, dir), 0);
+    assert_int_equal(run(FINE_TUNE " --set steps=3 --resume", dir, dir), 0);
+    assert_non_null(strstr(out, "resumed at step 2"));
+#undef FINE_TUNE
     /* a job whose model differs from the file: the tensor and both shapes */
     assert_int_not_equal(run(CNN_JOB " --set model.ch1=6 --set model.init_from=%s/cnn_torch.safetensors "
                                      "--set train.epochs=0 --set steps=2 --set schedule.warmup_steps=0 --run-dir %s/run2",
