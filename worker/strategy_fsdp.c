@@ -38,7 +38,8 @@
  * shards move to the new layout (broadcast per old shard; each rank keeps
  * its old shards until the move is agreed on, and takes them back when the
  * world changes again meanwhile); when one was lost, every rank reloads the
- * newest checkpoint, resharded (or the seed's model when there is none),
+ * newest checkpoint, resharded (or the model the job starts from when
+ * there is none),
  * and the job redoes the steps since.
  * With parallel.fsdp_neighbour_copy, rank r also keeps a copy of shard
  * r + 1 (shard_copy): filled after each new layout, then kept in step by
@@ -66,6 +67,7 @@
 #include "kernels/io/checkpoint.h"
 #include "kernels/nn/module.h"
 #include "kernels/optim/clip.h"
+#include "proto/job_model.h"
 #include "sharding/plan.h"
 #include "worker/dp_group.h"
 #include "worker/fsdp_checkpoint.h"
@@ -770,8 +772,8 @@ static void settle_previous(fsdp_strategy *f, bool ok) {
 }
 
 /* The newest checkpoint of the run, resharded into this rank's shards, or
- * the model the job's seed builds when there is none; *from gets its step
- * and position. */
+ * the model the job starts from (model.init_from, else its seed's) when
+ * there is none; *from gets its step and position. */
 static ts_status reload(fsdp_strategy *f, rank_state *from) {
     ts_trainer *t = f->base.trainer;
     char root[1100], dir[1200];
@@ -779,8 +781,8 @@ static ts_status reload(fsdp_strategy *f, rank_state *from) {
     snprintf(root, sizeof root, "%s/checkpoints", t->run_dir);
     ts_status st = t->run_dir[0] ? ts_checkpoint_latest(root, dir, sizeof dir, &step) : TS_OK;
     if (st) return st;
-    if (step < 0) { /* no checkpoint: the seed's model at step 0 */
-        ts_model *seed = ts_model_build(&t->spec, 0, -1, ts_key_from_seed((uint64_t)t->job.seed), TS_F32);
+    if (step < 0) { /* no checkpoint: the job's first model at step 0 */
+        ts_model *seed = ts_job_model_build(&t->job, &t->spec, NULL);
         if (!seed) return ts_last_status();
         for (int k = 0; k < f->n_units; k++) {
             unit *u = &f->units[k];
@@ -790,7 +792,7 @@ static ts_status reload(fsdp_strategy *f, rank_state *from) {
         if (f->b.state) memset(f->b.state, 0, (size_t)f->b.total * (size_t)ts_optim_state_slots(&t->optim) * sizeof(float));
         from->step = 0;
         from->epoch = from->offset = 0;
-        printf("fsdp: a shard was lost and no checkpoint was kept: starting again from the seed\n");
+        printf("fsdp: a shard was lost and no checkpoint was kept: starting again from the job's first model\n");
         return TS_OK;
     }
     ts_checkpoint *ck = ts_checkpoint_open(dir);
