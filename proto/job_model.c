@@ -47,7 +47,7 @@ ts_model *ts_job_model_build(const ts_job *job, const ts_model_spec *spec, const
     ts_key key = ts_key_from_seed((uint64_t)job->seed);
     ts_model *m = runs ? ts_model_build_runs(spec, runs, key, TS_F32) : ts_model_build(spec, 0, -1, key, TS_F32);
     if (!m || !job->model.init_from[0]) return m;
-    bool whole = !runs || (runs->n == 1 && runs->first[0] == 0 && runs->end[0] == ts_model_units(spec));
+    bool whole = !runs || ts_unit_runs_all(runs, spec);
     if (ts_weights_load(m, job->model.init_from, job->model.init_map, whole)) {
         ts_model_free(m);
         return NULL;

@@ -152,3 +152,22 @@ ts_status ts_parts_read_model(const ts_checkpoint *ck, ts_model *m) {
     table_free(&tb);
     return st;
 }
+
+ts_status ts_parts_copy_model(ts_model *dst, ts_model *src) {
+    table d, s;
+    ts_status st = table_make(dst, &d);
+    if (st) return st;
+    if ((st = table_make(src, &s))) {
+        table_free(&d);
+        return st;
+    }
+    for (int i = 0; !st && i < d.n; i++) {
+        int j = ts_model_find(src, d.names[i]);
+        st = j < 0 ? ts_last_status() : ts_tensor_copy_(d.values[i], s.values[j]);
+        if (!st && d.state[i]) st = s.state[j] ? ts_tensor_copy_(d.state[i], s.state[j])
+                                               : ts_error(TS_ERR_STATE, "checkpoint parts: no optimizer state to copy");
+    }
+    table_free(&d);
+    table_free(&s);
+    return st;
+}

@@ -17,7 +17,10 @@
  * Loading (ts_parts_read_model) fills every parameter of a model - the whole
  * model of a local run, or any stage of any cut - by name from the part
  * that holds it, and its optimizer state likewise; a parameter no part
- * holds is an error naming it.
+ * holds is an error naming it. The other way round, a part (a stage)
+ * takes its parameters and their state from a checkpoint of the whole
+ * model (of a local, ddp or fsdp run) through a whole model read from it
+ * (ts_parts_copy_model).
  */
 #ifndef TS_WORKER_CHECKPOINT_PARTS_H
 #define TS_WORKER_CHECKPOINT_PARTS_H
@@ -40,5 +43,10 @@ bool ts_parts_is_index(const ts_checkpoint *ck);
 /* Loads m's parameters and, when m holds optimizer state, that state from
  * the parts the index ck lists. */
 ts_status ts_parts_read_model(const ts_checkpoint *ck, ts_model *m);
+
+/* Copies each parameter of dst, and its optimizer state when dst holds
+ * state, from the parameter of that name in src (a model holding it; with
+ * state when dst has state). */
+ts_status ts_parts_copy_model(ts_model *dst, ts_model *src);
 
 #endif

@@ -191,7 +191,8 @@ void ts_strategy_whole_model(ts_strategy *s, const ts_optim_slice **slices, int 
 /* Saves / loads the whole model, optimizer state, loader position and job
  * as one checkpoint in the run folder (the trainer's files); load also
  * takes a pipeline's checkpoint of stages (checkpoint_parts.h) and an
- * FSDP checkpoint of shards written at any world size (fsdp_checkpoint.h). */
+ * FSDP checkpoint of shards written at any world size (fsdp_checkpoint.h),
+ * and loads into a trainer whose model is a part (a pipeline stage). */
 ts_status ts_strategy_save_whole(ts_strategy *s, char *path, size_t cap);
 
 /* ts_strategy_save_whole into the checkpoints folder root (step-<k> in it),

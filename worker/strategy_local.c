@@ -155,11 +155,23 @@ ts_status ts_strategy_read_model(const ts_checkpoint *ck, ts_model *m) {
     return st;
 }
 
+/* Checkpoint ck of the whole model (whole or sharded) into t's part of it,
+ * through a whole model built to read it into. */
+static ts_status read_into_part(const ts_checkpoint *ck, ts_trainer *t) {
+    ts_model *whole = ts_model_build(&t->spec, 0, -1, ts_key_from_seed((uint64_t)t->job.seed), TS_F32);
+    ts_status st = whole ? TS_OK : ts_last_status();
+    if (!st && t->model->n_state) st = ts_model_alloc_state(whole, t->model->n_state);
+    if (!st) st = ts_strategy_read_model(ck, whole);
+    if (!st) st = ts_parts_copy_model(t->model, whole);
+    ts_model_free(whole);
+    return st;
+}
+
 ts_status ts_strategy_load_whole(ts_strategy *s, const char *dir) {
     ts_trainer *t = s->trainer;
     ts_checkpoint *ck = ts_checkpoint_open(dir);
     if (!ck) return ts_last_status();
-    ts_status st = ts_strategy_read_model(ck, t->model);
+    ts_status st = t->part && !ts_parts_is_index(ck) ? read_into_part(ck, t) : ts_strategy_read_model(ck, t->model);
     if (!st) st = ts_loader_set_position(t->loader, ck->loader);
     if (!st) t->step = ck->step;
     if (!st) st = ts_model_sync_compute(t->model); /* the bf16 copy follows the loaded master */

@@ -216,6 +216,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
         ts_job first = *job;
         if (ckpt[0]) ts_job_forget_init(&first); /* the checkpoint's weights replace the first ones */
         t->model = ts_job_model_build(&first, &t->spec, &runs);
+        t->part = !ts_unit_runs_all(&runs, &t->spec);
         if (!t->model) st = ts_last_status();
         if (!st) st = ts_model_to(t->model, job_device(job, &s->group));
         if (!st && job->train.bf16) st = ts_model_set_compute_dtype(t->model, TS_BF16);

@@ -58,6 +58,7 @@ struct ts_trainer {
     char run_dir[1024];
     ts_model_spec spec;
     ts_model *model;
+    bool part;             /* the model holds some of the units only (a pipeline stage) */
     ts_dataset *train_set, *val_set, *test_set;
     void *corpus;          /* text corpus the text data sets read */
     ts_tensor *data[6];    /* tensors the image data sets keep */

@@ -38,6 +38,10 @@ int ts_model_units(const ts_model_spec *s) {
     return -1;
 }
 
+bool ts_unit_runs_all(const ts_unit_runs *runs, const ts_model_spec *s) {
+    return runs->n == 1 && runs->first[0] == 0 && runs->end[0] == ts_model_units(s);
+}
+
 /* Unit u of an MLP: fc<u/2> for even u, relu<u/2> for odd. */
 static ts_module *mlp_unit(ts_model *m, const ts_module *root, const ts_model_spec *s, int u) {
     char name[32];

@@ -44,6 +44,9 @@ typedef struct {
     int first[TS_MAX_UNIT_RUNS], end[TS_MAX_UNIT_RUNS];
 } ts_unit_runs;
 
+/* Whether runs hold every unit of s (one run [0, units)). */
+bool ts_unit_runs_all(const ts_unit_runs *runs, const ts_model_spec *s);
+
 /* ts_model_build of the units of runs. */
 ts_model *ts_model_build_runs(const ts_model_spec *s, const ts_unit_runs *runs, ts_key key, ts_dtype dtype);
 

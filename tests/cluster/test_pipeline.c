@@ -8,11 +8,13 @@
  * stages hold less than half of what gpipe holds; 2 stages x 2 replicas
  * give a local run's at twice the batch;
  * the same over MPI under mpirun, plain and interleaved; the stages'
- * checkpoint loads into a local run and into another stage count, which
- * continue with an uninterrupted local run's losses; a job of
- * train.epochs runs the epoch's steps, however many "steps" says; a
- * resumed stage's timeline holds each step once; a stage killed -9 (plain and interleaved) stops every other stage with an
- * error naming it, and tessera-run restarts the pipeline from its checkpoint and
+ * checkpoint loads into a local run and into another stage count, and a
+ * local run's into stages, which continue with an uninterrupted local
+ * run's losses; a job of train.epochs runs the epoch's steps, however
+ * many "steps" says; a resumed stage's timeline holds each step once; a
+ * stage killed -9 (plain and interleaved) stops every other stage with an
+ * error naming it, and tessera-run restarts the pipeline from its
+ * checkpoint and
  * finishes. Run one scenario by name: cluster_test_pipeline test_<name>. */
 #include <math.h>
 #include <setjmp.h>
@@ -245,7 +247,8 @@ static void test_mpirun_interleaved(void **state) { (void)state; mpirun_pipeline
 
 /* A 4-stage run stopped after step 20 (its checkpoint) continues as a
  * local run and as a 2-stage pipeline with an uninterrupted local run's
- * losses for steps 21..30; the checkpoint exports to ONNX as its
+ * losses for steps 21..30, and the local run's checkpoint of step 20 as 2
+ * interleaved stages; the 4-stage checkpoint exports to ONNX as its
  * consolidated copy does. */
 static void test_checkpoint_cuts(void **state) {
     (void)state;
@@ -262,6 +265,17 @@ static void test_checkpoint_cuts(void **state) {
     th_copy_run(dir4, th_path("pipe-ck2"));
     run_pipeline("pipe-ck2", "gpt", STEPS, 8, 2, 1, 4, "gpipe", true, got);
     th_expect_same(got, want, 21, STEPS, "2 stages resumed from 4 stages");
+
+    /* the other way: the local run's checkpoint of step 20 continues as 2
+     * interleaved stages, each taking its pieces from the whole model */
+    const char *from_local = th_path("pipe-ck-from-local");
+    th_copy_run(th_path("local-gpt-2-4"), from_local);
+    char cmd[4400], par[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/checkpoints/step-30'", from_local);
+    assert_int_equal(system(cmd), 0);
+    pipeline_section(par, sizeof par, 2, 1, 4, "1f1b", ", \"chunks_per_stage\": 2");
+    th_run_job("pipe-ck-from-local", "gpt", STEPS, 8, 1, par, true, got);
+    th_expect_same(got, want, 21, STEPS, "2 interleaved stages resumed from a local run");
 
     char ckpt[4200];
     snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-20", dir4);
