@@ -45,7 +45,9 @@ static ts_trainer *trainer_from_checkpoint(const char *ckpt) {
     if (!st) {
         job.data.prefetch = 0;
         ts_job_forget_init(&job); /* the checkpoint's weights replace the first ones */
-        t = ts_trainer_create(&job, ck->config, NULL, false, ts_strategy_local_new(NULL));
+        ts_strategy *s = ts_strategy_local_new(NULL);
+        if (s) s->no_optim_state = ts_strategy_no_optim_state(ck); /* nor does its trainer, nor a consolidated copy */
+        t = ts_trainer_create(&job, ck->config, NULL, false, s);
     }
     ts_checkpoint_close(ck);
     if (t && ts_trainer_load(t, ckpt)) {

@@ -128,6 +128,9 @@ struct ts_strategy {
     ts_comm_times times; /* the step's, zeroed by the trainer before begin_step */
     bool shared_forward; /* the model's forward communicates: the group's
                           * ranks run forwards together (see above) */
+    bool no_optim_state; /* the optimizer steps elsewhere (a ps job's
+                          * shards): the model keeps no optimizer state,
+                          * and its whole checkpoints hold none */
 };
 
 /* What a node needs to make its strategy. */
@@ -200,9 +203,14 @@ ts_status ts_strategy_save_whole(ts_strategy *s, char *path, size_t cap);
 ts_status ts_strategy_save_whole_in(ts_strategy *s, const char *root, int keep, char *path, size_t cap);
 ts_status ts_strategy_load_whole(ts_strategy *s, const char *dir);
 
+/* Whether checkpoint ck is a whole one that holds no optimizer state
+ * (written by a strategy with no_optim_state). */
+bool ts_strategy_no_optim_state(const ts_checkpoint *ck);
+
 /* The weights of checkpoint ck - whole, FSDP shards or a pipeline's parts,
  * whichever strategy wrote it - into m, and its optimizer state too when m
- * holds state; names and shapes must match. */
+ * holds state; names and shapes must match. A whole checkpoint without
+ * optimizer state (a ps job's) is refused when m holds state, naming why. */
 ts_status ts_strategy_read_model(const ts_checkpoint *ck, ts_model *m);
 
 #endif

@@ -135,6 +135,11 @@ static ts_status load_model(const ts_checkpoint *ck, ts_model *m) {
     return st;
 }
 
+bool ts_strategy_no_optim_state(const ts_checkpoint *ck) {
+    return !ts_parts_is_index(ck) && !(ck->extra && json_object_get(ck->extra, "fsdp")) &&
+           ts_safetensors_find(ck->optim, "state") < 0;
+}
+
 ts_status ts_strategy_read_model(const ts_checkpoint *ck, ts_model *m) {
     if (ts_parts_is_index(ck)) return ts_parts_read_model(ck, m); /* a pipeline's stages */
     ts_fsdp_layout l;
@@ -146,6 +151,11 @@ ts_status ts_strategy_read_model(const ts_checkpoint *ck, ts_model *m) {
         return ts_fsdp_read_model(ck, m);
     }
     st = load_model(ck, m);
+    if (!st && m->n_state && ts_strategy_no_optim_state(ck))
+        return ts_error(TS_ERR_FORMAT,
+                        "checkpoint %s holds no optimizer state (a ps job's shards keep theirs): it resumes the ps job "
+                        "only; start another from its weights with model.init_from=%s/model.safetensors",
+                        ck->path, ck->path);
     if (!st && m->n_state) {
         ts_tensor *state = ts_model_state_tensor(m);
         const char *sname = "state";

@@ -312,6 +312,7 @@ ts_strategy *ts_strategy_ps_new(const ts_strategy_options *o) {
         return NULL;
     }
     d->base.ops = &ps_ops;
+    d->base.no_optim_state = true; /* the shards keep it */
     d->key_file = o->key_file;
     d->have = d->reported = d->reduce_step = d->rollback_to = -1;
     /* the loader is made before the join: shard it for the job's workers

@@ -85,7 +85,8 @@ static ts_loader *make_loader(const ts_trainer *t, const ts_group *g) {
 
 /* ---- setup ---- */
 
-/* Optimizer config, schedule and weight-decay groups from the job. */
+/* Optimizer config, schedule and weight-decay groups from the job; the
+ * optimizer state unless the strategy keeps none. */
 static ts_status setup_optimizer(ts_trainer *t) {
     ts_status st = ts_job_optim_config(&t->job, &t->optim);
     if (st) return st;
@@ -95,7 +96,7 @@ static ts_status setup_optimizer(ts_trainer *t) {
                                 t->total_steps, s->min_lr};
     if ((st = ts_schedule_check(&t->schedule))) return st;
     st = ts_job_optim_groups(t->model, &t->groups);
-    if (!st) st = ts_model_alloc_state(t->model, ts_optim_state_slots(&t->optim));
+    if (!st && !t->strategy->no_optim_state) st = ts_model_alloc_state(t->model, ts_optim_state_slots(&t->optim));
     return st;
 }
 

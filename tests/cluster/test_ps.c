@@ -11,7 +11,9 @@
  * killed (nothing is lost: the losses are those of an undisturbed run),
  * and killed again once its restart took the state of the one promoted;
  * each ends with a checkpoint that evaluates to the expected accuracy. A
- * job resumed from its checkpoints goes on as if it never stopped.
+ * job resumed from its checkpoints goes on as if it never stopped; its
+ * workers' checkpoint, which holds no optimizer state, evaluates but does
+ * not resume a run of another strategy.
  * Run one test by name: cluster_test_ps <name>.
  */
 #include <setjmp.h>
@@ -403,6 +405,19 @@ static void test_resume(void **state) {
     const char *run = th_path("run-resume");
     th_proc first = start_run("resume-1", job, run, "steps=40", "schedule.kind=\"constant\"", NULL);
     finish_run(&first, 120000);
+    /* the shards keep the optimizer state: another strategy does not resume
+     * the workers' checkpoint as if it held it, which evaluates */
+    const char *copy = th_path("run-resume-local");
+    th_copy_run(run, copy);
+    const char *largv[] = {"tessera-run", job, "--run-dir", copy, "--resume", "--set", "parallel.strategy=\"local\"",
+                           NULL};
+    th_proc local = th_start("resume-local", largv);
+    if (th_wait(&local, 60000) == 0) th_dump(&local, "a local run resumed the ps job's checkpoint");
+    th_expect_output(&local, "step-40 holds no optimizer state", 0);
+    char ckpt[4300];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-40", run);
+    const char *eargv[] = {"tessera-run", "--eval", ckpt, NULL};
+    free(th_run_tool("resume-eval", eargv));
     const char *argv[] = {"tessera-run", job, "--run-dir", run, "--resume", "--set", "schedule.kind=\"constant\"",
                           NULL};
     th_proc second = th_start("resume-2", argv);
