@@ -38,8 +38,8 @@
  * shards move to the new layout (broadcast per old shard; each rank keeps
  * its old shards until the move is agreed on, and takes them back when the
  * world changes again meanwhile); when one was lost, every rank reloads the
- * newest checkpoint, resharded (or the model the job starts from when
- * there is none),
+ * newest checkpoint, resharded (a whole one too: the job resumed from a
+ * local run's, say), or the model the job starts from when there is none,
  * and the job redoes the steps since.
  * With parallel.fsdp_neighbour_copy, rank r also keeps a copy of shard
  * r + 1 (shard_copy): filled after each new layout, then kept in step by
@@ -771,6 +771,34 @@ static void settle_previous(fsdp_strategy *f, bool ok) {
     f->prev_copy = (shard_copy){.of = -1};
 }
 
+/* This rank's shards of whole model m: its parameters, and its optimizer
+ * state from m's (zero when m has none). */
+static void shards_from(fsdp_strategy *f, const ts_model *m) {
+    if (f->b.state && !m->state) memset(f->b.state, 0, (size_t)f->b.total * (size_t)f->b.slots * sizeof(float));
+    for (int k = 0; k < f->n_units; k++) {
+        unit *u = &f->units[k];
+        int64_t lo = u->lo + u->own.offset;
+        memcpy(f->b.params + u->at, ts_f32(m->flat_params) + lo, (size_t)u->own.len * sizeof(float));
+        for (int j = 0; f->b.state && m->state && j < f->b.slots; j++)
+            memcpy(f->b.state + (int64_t)j * f->b.total + u->at, m->state + (int64_t)j * m->numel + lo,
+                   (size_t)u->own.len * sizeof(float));
+    }
+}
+
+/* A checkpoint that is not sharded (a local, ddp or pipeline run's, which
+ * this job resumed from) into this rank's shards, through a whole model
+ * read from it. */
+static ts_status reload_whole(fsdp_strategy *f, const ts_checkpoint *ck) {
+    ts_trainer *t = f->base.trainer;
+    ts_model *whole = ts_model_build(&t->spec, 0, -1, ts_key_from_seed((uint64_t)t->job.seed), TS_F32);
+    ts_status st = whole ? TS_OK : ts_last_status();
+    if (!st && f->b.state) st = ts_model_alloc_state(whole, f->b.slots);
+    if (!st) st = ts_strategy_read_model(ck, whole);
+    if (!st) shards_from(f, whole);
+    ts_model_free(whole);
+    return st;
+}
+
 /* The newest checkpoint of the run, resharded into this rank's shards, or
  * the model the job starts from (model.init_from, else its seed's) when
  * there is none; *from gets its step and position. */
@@ -784,12 +812,8 @@ static ts_status reload(fsdp_strategy *f, rank_state *from) {
     if (step < 0) { /* no checkpoint: the job's first model at step 0 */
         ts_model *seed = ts_job_model_build(&t->job, &t->spec, NULL);
         if (!seed) return ts_last_status();
-        for (int k = 0; k < f->n_units; k++) {
-            unit *u = &f->units[k];
-            memcpy(f->b.params + u->at, ts_f32(seed->flat_params) + u->lo + u->own.offset, (size_t)u->own.len * 4);
-        }
+        shards_from(f, seed);
         ts_model_free(seed);
-        if (f->b.state) memset(f->b.state, 0, (size_t)f->b.total * (size_t)ts_optim_state_slots(&t->optim) * sizeof(float));
         from->step = 0;
         from->epoch = from->offset = 0;
         printf("fsdp: a shard was lost and no checkpoint was kept: starting again from the job's first model\n");
@@ -800,8 +824,8 @@ static ts_status reload(fsdp_strategy *f, rank_state *from) {
     ts_fsdp_layout l;
     bool sharded;
     st = ts_fsdp_layout_read(ck, &l, &sharded);
-    if (!st && !sharded) st = ts_error(TS_ERR_FORMAT, "fsdp: checkpoint %s is not sharded", dir);
-    for (int k = 0; !st && k < f->n_units; k++) {
+    if (!st && !sharded) st = reload_whole(f, ck);
+    for (int k = 0; !st && sharded && k < f->n_units; k++) {
         unit *u = &f->units[k];
         st = ts_fsdp_read_range(ck, &l, u->lo + u->own.offset, u->own.len, f->b.params + u->at,
                                 f->b.state ? f->b.state + u->at : NULL, f->b.total);

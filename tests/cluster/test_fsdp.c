@@ -10,7 +10,8 @@
  * checkpoint evaluates; with neighbour copies no step is lost, also when
  * the death falls inside a step's sums (made certain by TESSERA_FAULT); a
  * fine-tuning run that kept no checkpoint starts again from its
- * model.init_from after a death; a
+ * model.init_from after a death, and a run resumed from a local run's
+ * checkpoint reloads that one; a
  * worker that joins gets its shards from the others. Run one scenario by
  * name: cluster_test_fsdp test_<name>. */
 #include <math.h>
@@ -223,6 +224,29 @@ static double step_1_loss_after(const th_proc *p, const char *after) {
     return loss;
 }
 
+/* Runs tessera-run with args (after the job file; NULL-terminated) for
+ * an MLP job of 4 workers (down to 2) that keeps no checkpoint of its own,
+ * kills one 3 steps after the generation of 4 formed, and waits for the
+ * line `after` and for tessera-run to exit 0. */
+static th_proc kill_early(const char *name, const char *after, const char *const *args) {
+    char par[512];
+    fsdp_section(par, sizeof par, 4, ", \"min_workers\": 2");
+    const char *argv[16] = {"tessera-run", th_job_file(name, "mlp", 400, 32, 1, par), "--run-dir", th_path(name),
+                            "--set", "train.checkpoint_every=0"};
+    int n = 6;
+    while (*args && n < 15) argv[n++] = *args++;
+    argv[n] = NULL;
+    th_proc run = th_start(name, argv);
+    if (th_wait_for(&run, "0 servers, 4 workers [", 60000) != 0) th_dump(&run, "no generation of 4");
+    if (th_wait_count(&run, "/400 |", th_count(&run, "/400 |") + 3, 60000) != 0) th_dump(&run, "no 3 steps at 4");
+    pid_t victim = -1;
+    assert_true(th_joined_worker(&run, 2, &victim) >= 0);
+    kill(victim, SIGKILL);
+    if (th_wait_for(&run, after, 15000) != 0) th_dump(&run, "the survivors did not start again");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after losing a worker");
+    return run;
+}
+
 /* A fine-tuning job (model.init_from: a local run's weights after 40
  * steps) that keeps no checkpoint loses one of 4 workers: the survivors
  * start again from the weights the job started from, not from the seed's
@@ -233,23 +257,25 @@ static void test_kill_fine_tune(void **state) {
     th_run_job("fsdp-pre", "mlp", 40, 32, 1, "\"strategy\": \"local\"", false, pre);
     char init[4300];
     snprintf(init, sizeof init, "model.init_from=%s/checkpoints/step-40/model.safetensors", th_path("fsdp-pre"));
-    char par[512];
-    fsdp_section(par, sizeof par, 4, ", \"min_workers\": 2");
-    const char *job = th_job_file("fsdp-ft", "mlp", 400, 32, 1, par);
-    const char *argv[] = {"tessera-run", job, "--run-dir", th_path("fsdp-ft"), "--set", init,
-                          "--set", "train.checkpoint_every=0", NULL};
-    th_proc run = th_start("fsdp-ft", argv);
-    if (th_wait_for(&run, "0 servers, 4 workers [", 60000) != 0) th_dump(&run, "no generation of 4");
-    if (th_wait_count(&run, "/400 |", th_count(&run, "/400 |") + 3, 60000) != 0) th_dump(&run, "no 3 steps at 4");
-    pid_t victim = -1;
-    assert_true(th_joined_worker(&run, 2, &victim) >= 0);
-    kill(victim, SIGKILL);
     const char *again = "no checkpoint was kept: starting again from the job's first model";
-    if (th_wait_for(&run, again, 15000) != 0) th_dump(&run, "the survivors did not start again");
-    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after losing a worker");
+    const char *args[] = {"--set", init, NULL};
+    th_proc run = kill_early("fsdp-ft", again, args);
     double first = step_1_loss_after(&run, "0 servers, 4 workers ["), redone = step_1_loss_after(&run, again);
     if (!(first > 0 && first < 1.5 && redone > 0 && redone < 1.5))
         th_dump(&run, "step 1 did not start from the fine-tuned weights (loss near ln 10 = 2.30 is the seed's)");
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* A job resumed from a local run's checkpoint (whole, not sharded) loses
+ * one of 4 workers before it keeps one of its own: the survivors reload
+ * that checkpoint, resharded, and finish. */
+static void test_kill_after_local(void **state) {
+    (void)state;
+    double pre[21];
+    th_run_job("fsdp-after-local", "mlp", 20, 32, 1, "\"strategy\": \"local\"", false, pre);
+    const char *args[] = {"--resume", NULL};
+    th_proc run = kill_early("fsdp-after-local", "every rank reloads checkpoint", args);
+    th_expect_output(&run, "checkpoints/step-20 (step 20)", 0);
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -453,7 +479,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gpt_2),  cmocka_unit_test(test_gpt_4),      cmocka_unit_test(test_cnn_2),
         cmocka_unit_test(test_cnn_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_reshard), cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_kill_worker_copy),
-        cmocka_unit_test(test_sums_split), cmocka_unit_test(test_kill_fine_tune),
+        cmocka_unit_test(test_sums_split), cmocka_unit_test(test_kill_fine_tune), cmocka_unit_test(test_kill_after_local),
         cmocka_unit_test(test_kill_in_eval),
         cmocka_unit_test(test_join_during_move),
         cmocka_unit_test(test_join),
