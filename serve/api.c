@@ -91,7 +91,13 @@ static bool read_floats(const json_t *v, const int64_t *shape, int nd, float **o
             *err = ts_serve_error(400, path, "expected a finite number, got %s", type_name(v));
             return false;
         }
-        *(*out)++ = (float)json_number_value(v);
+        float x = (float)json_number_value(v);
+        if (!isfinite(x)) { /* the model computes in f32: 1e39 would be inf */
+            *err = ts_serve_error(400, path, "expected a number within float32's range (|x| < 3.4e38), got %g",
+                                  json_number_value(v));
+            return false;
+        }
+        *(*out)++ = x;
         return true;
     }
     if (!json_is_array(v) || (int64_t)json_array_size(v) != shape[0]) {

@@ -317,16 +317,20 @@ static void test_bad_requests(void **state) {
     assert_int_equal(curl(args, port), 400);
     expect_field("instances[0]");
     assert_non_null(strstr(body, "784"));
-    /* a string where a number goes: the field is the element's path */
+    /* a string where a number goes, or a number past float32's range (the
+     * model would see inf): the field is the element's path */
     char req[256];
-    snprintf(req, sizeof req, "%s/typed.json", dir);
-    FILE *f = fopen(req, "w");
-    fputs("{\"instances\": [[", f);
-    for (int k = 0; k < 784; k++) fprintf(f, k == 5 ? ",\"x\"" : "%s0", k ? "," : "");
-    fputs("]]}", f);
-    fclose(f);
-    assert_int_equal(curl(AUTH " -d @%s http://127.0.0.1:%d/v1/models/mlp:predict", req, port), 400);
-    expect_field("instances[0][5]");
+    const char *odd[] = {"\"x\"", "1e39"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(req, sizeof req, "%s/typed.json", dir);
+        FILE *f = fopen(req, "w");
+        fputs("{\"instances\": [[", f);
+        for (int k = 0; k < 784; k++) fprintf(f, "%s%s", k ? "," : "", k == 5 ? odd[i] : "0");
+        fputs("]]}", f);
+        fclose(f);
+        assert_int_equal(curl(AUTH " -d @%s http://127.0.0.1:%d/v1/models/mlp:predict", req, port), 400);
+        expect_field("instances[0][5]");
+    }
     assert_int_equal(curl(AUTH " -d '{\"instances\": [[1, 2], [3]]}' http://127.0.0.1:%d/v1/models/gpt:predict", port), 400);
     expect_field("instances[1]");
     assert_int_equal(curl(AUTH " -d '{\"instances\": [[300]]}' http://127.0.0.1:%d/v1/models/gpt:predict", port), 400);
