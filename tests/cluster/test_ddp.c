@@ -2,7 +2,8 @@
  * batch b give the per-step losses of one process at batch W*b (MLP and a
  * small GPT with clipping, within 1e-5 relative over 30 steps), under
  * tessera-run and under mpirun, and over a whole epoch (train.epochs, and
- * the validation of train.eval_batches per rank); a worker killed -9 in
+ * the validation of train.eval_batches per rank; under mpirun at the
+ * world its ranks make); a worker killed -9 in
  * the middle of training is named, the others redo the step at the new
  * world size and finish with a checkpoint that evaluates; a worker joined
  * mid-run trains in step. Run one scenario by name: cluster_test_ddp <name>. */
@@ -220,11 +221,32 @@ static void test_join(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Under mpirun a job of train.epochs ends after the epoch's steps at the
+ * world its ranks make: one epoch of 54000 images over 3 worker ranks (the
+ * job file says 2) at batch 1000 is 18 steps, not 27. */
+static void test_epochs_mpirun(void **state) {
+    (void)state;
+    th_need_mpirun();
+    const char *job = job_file("ddp-epochs-mpi", "mlp", 0, 1000, "ddp", 2, "");
+    const char *dir = th_path("ddp-epochs-mpi");
+    char bin[4200], set[4300];
+    snprintf(bin, sizeof bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
+    snprintf(set, sizeof set, "train.run_dir=%s", dir);
+    const char *argv[] = {"mpirun", "-np", "4", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", bin,
+                          "--mpi", job, "--set", set, "--set", "train.epochs=1", "--set",
+                          "parallel.heartbeat_timeout_ms=10000", NULL};
+    th_proc m = th_start("ddp-epochs-mpi", argv);
+    th_wait_mpirun(&m, 60000);
+    double loss[64];
+    assert_int_equal(th_losses(dir, loss, 63), 18);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 int main(int argc, char **argv) {
     th_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_2),    cmocka_unit_test(test_mlp_4),       cmocka_unit_test(test_gpt_2),
-        cmocka_unit_test(test_epochs),
+        cmocka_unit_test(test_epochs),   cmocka_unit_test(test_epochs_mpirun),
         cmocka_unit_test(test_gpt_4),    cmocka_unit_test(test_mpirun_2),    cmocka_unit_test(test_kill_worker),
         cmocka_unit_test(test_kill_in_eval),
         cmocka_unit_test(test_join),
