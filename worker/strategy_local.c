@@ -153,8 +153,9 @@ ts_status ts_strategy_read_model(const ts_checkpoint *ck, ts_model *m) {
     st = load_model(ck, m);
     if (!st && m->n_state && ts_strategy_no_optim_state(ck))
         return ts_error(TS_ERR_FORMAT,
-                        "checkpoint %s holds no optimizer state (a ps job's shards keep theirs): it resumes the ps job "
-                        "only; start another from its weights with model.init_from=%s/model.safetensors",
+                        "checkpoint %s holds no optimizer state (a ps job's shards keep theirs, or its optimizer had "
+                        "none) to resume this job's from; start another from its weights with "
+                        "model.init_from=%s/model.safetensors",
                         ck->path, ck->path);
     if (!st && m->n_state) {
         ts_tensor *state = ts_model_state_tensor(m);
