@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/io/checkpoint.h"
 #include "kernels/nn/models.h"
 #include "membership/member.h"
 #include "proto/job_model.h"
@@ -809,6 +810,29 @@ static ts_status join(ps_server *sv) {
     return TS_OK;
 }
 
+/* Refuses to resume a run folder whose newest checkpoint a job of another
+ * strategy wrote (a local, ddp, fsdp or pipeline run): no shard has a
+ * checkpoint of it, so the job would train again from the seed while
+ * looking resumed. */
+static ts_status refuse_other_run(const ps_server *sv) {
+    char root[TS_JOB_PATH_MAX + 64], path[TS_JOB_PATH_MAX + 128];
+    int64_t step;
+    if (!sv->o->run_dir || sv->o->job->parallel.strategy != TS_STRATEGY_PS) return TS_OK;
+    snprintf(root, sizeof root, "%s/checkpoints", sv->o->run_dir);
+    if (ts_checkpoint_latest(root, path, sizeof path, &step) != TS_OK || step < 0) return TS_OK;
+    ts_checkpoint *ck = ts_checkpoint_open(path);
+    ts_job job;
+    bool other = ck && ck->config && ts_job_parse(ck->config, NULL, 0, &job) == TS_OK &&
+                 job.parallel.strategy != TS_STRATEGY_PS;
+    ts_checkpoint_close(ck);
+    if (!other) return TS_OK;
+    return ts_error(TS_ERR_STATE,
+                    "shard %d: --resume: no checkpoint of this shard in %s/ps, and %s was written by a \"%s\" job: "
+                    "a ps job resumes only from its shards' checkpoints; to start from its weights, run without "
+                    "--resume with model.init_from=%s/model.safetensors",
+                    sv->shard, sv->o->run_dir, path, ts_job_strategy_name(job.parallel.strategy), path);
+}
+
 /* The shard of this process, from the seed or its newest checkpoint. */
 static ts_status make_shard(ps_server *sv, const ts_model *m) {
     char root[TS_JOB_PATH_MAX + 64];
@@ -828,7 +852,7 @@ static ts_status make_shard(ps_server *sv, const ts_model *m) {
     ts_status st = ts_shard_restore(sv->sh, -1, &found);
     if (!st && found)
         printf("shard %d: restored from its checkpoint of step %lld\n", sv->shard, (long long)ts_shard_step(sv->sh));
-    else if (!st)
+    else if (!st && !(st = refuse_other_run(sv)))
         printf("shard %d: no checkpoint in %s: starting from the seed\n", sv->shard, root);
     return st;
 }

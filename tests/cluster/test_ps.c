@@ -427,6 +427,16 @@ static void test_resume(void **state) {
     th_proc whole = start_run("resume-whole", job, th_path("run-whole"), "schedule.kind=\"constant\"", NULL);
     finish_run(&whole, 120000);
     same_losses(run, th_path("run-whole"), 80, 0);
+    /* nor does a ps job take a local run's folder for its own: no shard
+     * has a checkpoint of it */
+    const char *lrun = th_path("run-resume-from-local");
+    th_proc l = start_run("resume-local-first", job, lrun, "steps=10", "parallel.strategy=\"local\"",
+                          "schedule.kind=\"constant\"", NULL);
+    finish_run(&l, 60000);
+    const char *pargv[] = {"tessera-run", job, "--run-dir", lrun, "--resume", NULL};
+    th_proc ps = th_start("resume-ps-from-local", pargv);
+    if (th_wait(&ps, 60000) == 0) th_dump(&ps, "a ps job resumed a local run's folder");
+    th_expect_output(&ps, "was written by a \"local\" job", 0);
     assert_int_equal(th_leftovers(), 0);
 }
 
