@@ -104,7 +104,9 @@ ts_status ts_trainer_load(ts_trainer *t, const char *dir) { return t->strategy->
 
 /* A parameter's gradient hook: on the step's last micro-batch, tells the
  * strategy that the parameter's range of the flat gradients is final (a
- * data-parallel strategy starts sending it while backward goes on). */
+ * data-parallel strategy starts sending it while backward goes on). With
+ * bf16 compute it first folds the parameter's bf16 gradient into its f32
+ * master one, with the scale ts_trainer_grads and the pipeline fold by. */
 static ts_status param_ready(ts_tensor *leaf, void *ctx) {
     (void)leaf;
     const ts_param_hook *h = ctx;
@@ -112,17 +114,18 @@ static ts_status param_ready(ts_tensor *leaf, void *ctx) {
     if (!t->last_micro || t->ready[h->index]) return TS_OK;
     t->ready[h->index] = true;
     const ts_param *p = &t->model->params[h->index];
-    return t->strategy->ops->grads_ready(t->strategy, p->offset, p->numel);
+    ts_status st = ts_model_fold_param_grad(t->model, h->index, 1.0f);
+    return st ? st : t->strategy->ops->grads_ready(t->strategy, p->offset, p->numel);
 }
 
-/* Hooks every parameter's gradient (f32 compute; with bf16 compute the
- * f32 gradients are only final after the fold, announced then). */
+/* Hooks every parameter's gradient leaf (the bf16 one with bf16 compute:
+ * set the compute dtype first). */
 static ts_status hook_params(ts_trainer *t) {
     ts_model *m = t->model;
     t->ready = calloc((size_t)m->n_params + 1, sizeof *t->ready);
     t->hooks = calloc((size_t)m->n_params + 1, sizeof *t->hooks);
     if (!t->ready || !t->hooks) return ts_error(TS_ERR_MEMORY, "trainer: out of memory for %d hooks", m->n_params);
-    for (int i = 0; m->compute_dtype == TS_F32 && i < m->n_params; i++) {
+    for (int i = 0; i < m->n_params; i++) {
         t->hooks[i] = (ts_param_hook){t, i};
         ts_tensor *leaf = ts_model_grad_leaf(m, i);
         leaf->grad_hook = param_ready;
@@ -339,8 +342,7 @@ void ts_trainer_dropout_key(ts_trainer *t, int micro) {
 }
 
 ts_status ts_trainer_grads_end(ts_trainer *t) {
-    /* what backward did not announce (bf16 compute, unused parameters) is
-     * final now */
+    /* what backward did not announce (unused parameters) is final now */
     ts_model *m = t->model;
     ts_status st = TS_OK;
     for (int i = 0; !st && i < m->n_params; i++)

@@ -104,8 +104,9 @@ ts_status ts_trainer_micro(ts_trainer *t, const ts_batch *b, double scale, doubl
 /* The gradients of one optimizer step (accum_steps micro-batches from the
  * loader) into the zeroed gradient buffer; mean loss in *loss. During the
  * last micro-batch's backward it tells the strategy (grads_ready) which
- * parameter's gradients are final, as soon as they are; whatever was not
- * announced then (bf16 compute, unused parameters) right after. */
+ * parameter's gradients are final, as soon as they are (with bf16 compute
+ * once folded into the f32 master gradients); whatever was not announced
+ * then (unused parameters) right after. */
 ts_status ts_trainer_grads(ts_trainer *t, double *loss, int64_t *samples);
 
 /* The two ends of ts_trainer_grads, for a strategy that runs its own

@@ -218,6 +218,7 @@ static void drop_compute(ts_model *m) {
     for (int i = 0; i < m->n_params; i++) {
         ts_tensor_release(m->params[i].value16);
         m->params[i].value16 = NULL;
+        m->params[i].folded = false;
     }
     ts_tensor_release(m->flat_params16);
     ts_tensor_release(m->flat_grads16);
@@ -269,22 +270,42 @@ ts_status ts_model_sync_compute(ts_model *m) {
     return k ? k->to_bf16(ts_f32(m->flat_params), ts_tensor_data(m->flat_params16), m->numel) : ts_last_status();
 }
 
-/* Detached gradients: adds scale * each parameter's bf16 gradient into its
- * f32 one (made zeroed on the model's device when missing) with the
- * device's flat kernels k, and releases the bf16 one. */
-static ts_status fold_detached(ts_model *m, const ts_optim_kernels *k, float scale) {
-    for (int i = 0; i < m->n_params; i++) {
-        ts_param *p = &m->params[i];
-        ts_tensor *g16 = p->value16 ? p->value16->grad : NULL;
-        if (!g16) continue;
-        if (!p->value->grad && !(p->value->grad = ts_tensor_zeros_on(m->device, TS_F32, p->ndim, p->shape)))
-            return ts_last_status();
-        ts_status st = k->accumulate(ts_f32(p->value->grad), ts_tensor_data(g16), TS_BF16, p->numel, scale);
-        if (st) return st;
-        ts_tensor_release(g16);
-        p->value16->grad = NULL;
-    }
+/* Adds scale * the bf16 gradients of parameters [a, b), one run of the
+ * flat buffers, into their f32 master gradients with the device's flat
+ * kernels k, and zeros them. */
+static ts_status fold_flat(ts_model *m, const ts_optim_kernels *k, int a, int b, float scale) {
+    int64_t off = m->params[a].offset, n = m->params[b - 1].offset + m->params[b - 1].numel - off;
+    ts_status st = k->accumulate(ts_f32(m->flat_grads) + off, (const uint16_t *)ts_tensor_data(m->flat_grads16) + off,
+                                 TS_BF16, n, scale);
+    ts_tensor *g16 = st ? NULL : ts_tensor_from_storage(m->flat_grads16->storage, TS_BF16, off, 1, &n, NULL);
+    if (!st && !g16) st = ts_last_status();
+    if (!st) st = ts_tensor_fill_(g16, 0);
+    ts_tensor_release(g16);
+    return st;
+}
+
+/* Detached gradients: adds scale * parameter p's bf16 gradient, when it
+ * has one, into its f32 one (made zeroed on the model's device when
+ * missing) with the device's flat kernels k, and releases the bf16 one. */
+static ts_status fold_own(ts_model *m, const ts_optim_kernels *k, ts_param *p, float scale) {
+    ts_tensor *g16 = p->value16->grad;
+    if (!g16) return TS_OK;
+    if (!p->value->grad && !(p->value->grad = ts_tensor_zeros_on(m->device, TS_F32, p->ndim, p->shape)))
+        return ts_last_status();
+    ts_status st = k->accumulate(ts_f32(p->value->grad), ts_tensor_data(g16), TS_BF16, p->numel, scale);
+    if (st) return st;
+    ts_tensor_release(g16);
+    p->value16->grad = NULL;
     return TS_OK;
+}
+
+ts_status ts_model_fold_param_grad(ts_model *m, int i, float scale) {
+    if (m->compute_dtype != TS_BF16 || m->params[i].folded) return TS_OK;
+    const ts_optim_kernels *k = flat_kernels(m);
+    if (!k) return ts_last_status();
+    ts_status st = m->grads_detached ? fold_own(m, k, &m->params[i], scale) : fold_flat(m, k, i, i + 1, scale);
+    if (!st) m->params[i].folded = true;
+    return st;
 }
 
 ts_status ts_model_fold_compute_grads(ts_model *m, float scale) {
@@ -292,9 +313,22 @@ ts_status ts_model_fold_compute_grads(ts_model *m, float scale) {
     release_cached(m); /* their graphs were used by the backward */
     const ts_optim_kernels *k = flat_kernels(m);
     if (!k) return ts_last_status();
-    if (m->grads_detached) return fold_detached(m, k, scale);
-    ts_status st = k->accumulate(ts_f32(m->flat_grads), ts_tensor_data(m->flat_grads16), TS_BF16, m->numel, scale);
-    if (!st) st = ts_tensor_fill_(m->flat_grads16, 0);
+    /* the parameters not folded during the backward, each run of them in
+     * the flat buffers at once (when none was: the whole buffers) */
+    ts_status st = TS_OK;
+    for (int i = 0, end; i < m->n_params; i = end) {
+        end = i + 1;
+        if (m->params[i].folded) {
+            m->params[i].folded = false;
+            continue;
+        }
+        if (m->grads_detached) {
+            if (!st) st = fold_own(m, k, &m->params[i], scale);
+            continue;
+        }
+        while (end < m->n_params && !m->params[end].folded) end++;
+        if (!st) st = fold_flat(m, k, i, end, scale);
+    }
     return st;
 }
 
@@ -359,6 +393,7 @@ static void release_leaf_grads(ts_model *m) {
 }
 
 void ts_model_zero_grad(ts_model *m) {
+    for (int i = 0; i < m->n_params; i++) m->params[i].folded = false;
     if (m->grads_detached) {
         release_leaf_grads(m);
         return;

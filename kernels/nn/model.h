@@ -40,7 +40,10 @@
  * Per step: ts_model_zero_grad; per micro-batch forward, backward of the
  * loss scaled by 1/k, ts_model_fold_compute_grads(m, 1); clip and step on
  * the f32 buffers; ts_model_sync_compute. Folding after every backward keeps
- * micro-batch sums in f32 (bf16 sums would lose precision).
+ * micro-batch sums in f32 (bf16 sums would lose precision). In the last
+ * micro-batch's backward a parameter may be folded alone as soon as its
+ * gradient is final (ts_model_fold_param_grad, from its leaf's grad hook),
+ * so that its master gradient can be sent while backward goes on.
  */
 #ifndef TS_NN_MODEL_H
 #define TS_NN_MODEL_H
@@ -68,6 +71,9 @@ typedef struct {
     ts_tensor *compute;    /* bf16 compute: the f32 tensor made from value16 that
                             * forwards use, cached until sync or fold, or NULL */
     uint64_t compute_forward; /* the forward with gradients it was made in */
+    bool folded;           /* bf16 compute: its gradient was folded during the
+                            * backward (ts_model_fold_param_grad) that the next
+                            * ts_model_fold_compute_grads closes */
 } ts_param;
 
 typedef struct ts_module ts_module;
@@ -151,18 +157,31 @@ void ts_model_empty_conversions(ts_model *m, int first, int n);
 ts_status ts_model_sync_compute(ts_model *m);
 
 /* Adds scale * (bf16 gradients) into the f32 master gradients and zeros the
- * bf16 ones, so the optimizer sees f32 gradients; scale 1/k after each of k
- * micro-batches (ts_mixed_micro_scale) makes their mean. With f32 compute it
- * does nothing (backward already wrote the master gradients), so a loop that
- * scales each micro-batch loss by 1/k and folds with scale 1 is the same in
- * both precisions. */
+ * bf16 ones (those of the parameters not folded alone during the backward,
+ * ts_model_fold_param_grad), so the optimizer sees f32 gradients; scale
+ * 1/k after each of k micro-batches (ts_mixed_micro_scale) makes their
+ * mean. With f32 compute it does nothing (backward already wrote the
+ * master gradients), so a loop that scales each micro-batch loss by 1/k
+ * and folds with scale 1 is the same in both precisions. */
 ts_status ts_model_fold_compute_grads(ts_model *m, float scale);
+
+/* Folds parameter i's gradient alone, as ts_model_fold_compute_grads would
+ * (the same additions), as soon as backward has finished it - from the
+ * grad hook of its leaf (ts_model_grad_leaf) - so that its f32 master
+ * gradient is final while backward goes on. The next
+ * ts_model_fold_compute_grads, which must close that backward before any
+ * other reaches parameter i, then leaves it alone (it neither reads nor
+ * writes its master gradient, which a strategy may be sending by then).
+ * Folding it twice in one backward does nothing; with f32 compute it does
+ * nothing at all. */
+ts_status ts_model_fold_param_grad(ts_model *m, int i, float scale);
 
 /* Index of the parameter called name, or -1 with an error naming it. */
 int ts_model_find(const ts_model *m, const char *name);
 
 /* Zeros the whole gradient buffer (and the bf16 one with bf16 compute);
- * with detached gradients releases every parameter's gradient. */
+ * with detached gradients releases every parameter's gradient. Forgets
+ * which parameters a backward that was not closed folded alone. */
 void ts_model_zero_grad(ts_model *m);
 
 /* Detaches the parameters' gradients from the flat gradient buffers, for a

@@ -232,6 +232,21 @@ int th_losses(const char *run_dir, double *loss, int max) {
     return last;
 }
 
+double th_peak_mib(const char *run_dir) {
+    char path[4200], line[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    FILE *f = fopen(path, "r");
+    double peak = 0;
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *at = strncmp(line, "{\"kind\":\"step\",", 15) ? NULL : strstr(line, "\"peak_bytes\":");
+        double b;
+        if (at && sscanf(at, "\"peak_bytes\":%lf", &b) == 1 && b / (1 << 20) > peak) peak = b / (1 << 20);
+    }
+    fclose(f);
+    return peak;
+}
+
 int th_leftovers(void) {
     sleep_ms(500);
     pid_t kids[256];
@@ -302,12 +317,14 @@ int th_joined_worker(const th_proc *p, int nth, pid_t *pid) {
 
 const char *th_job_file(const char *name, const char *arch, int steps, int batch, int accum, const char *parallel) {
     char text[4096], model[512];
+    bool wide = strstr(arch, "-wide") != NULL;
     if (strncmp(arch, "gpt", 3) == 0)
         snprintf(model, sizeof model,
-                 "\"model\": {\"arch\": \"gpt\", \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, \"block_size\": 16, "
+                 "\"model\": {\"arch\": \"gpt\", \"n_layer\": %d, \"n_head\": 2, \"n_embd\": %d, \"block_size\": 16, "
                  "\"dropout\": %s, \"checkpoint\": %s}, \"data\": {\"kind\": \"text\", \"val_fraction\": 0.05}, "
                  "\"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.003, \"clip_norm\": 0.5}",
-                 strcmp(arch, "gpt-dropout") == 0 ? "0.1" : "0.0", strcmp(arch, "gpt-ckpt") == 0 ? "true" : "false");
+                 wide ? 4 : 2, wide ? 128 : 32, strcmp(arch, "gpt-dropout") == 0 ? "0.1" : "0.0",
+                 strcmp(arch, "gpt-ckpt") == 0 ? "true" : "false");
     else if (strcmp(arch, "cnn") == 0)
         snprintf(model, sizeof model,
                  "\"model\": {\"arch\": \"cnn\"}, \"data\": {\"kind\": \"fashion_mnist\"}, "

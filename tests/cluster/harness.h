@@ -60,6 +60,10 @@ pid_t th_child(pid_t parent, const char *comm, int nth);
  * (steps 1..max; 0 where absent); returns the highest step read. */
 int th_losses(const char *run_dir, double *loss, int max);
 
+/* The largest allocator peak (MiB) of the steps logged in
+ * run_dir/metrics.jsonl; 0 when there are none. */
+double th_peak_mib(const char *run_dir);
+
 /* Rank and pid of the nth worker a tessera-run's output says joined
  * ("[run] worker rank R is pid P"); -1 when there are fewer. */
 int th_joined_worker(const th_proc *p, int nth, pid_t *pid);
@@ -82,7 +86,8 @@ void th_expect_output(const th_proc *p, const char *needle, int timeout_ms);
  * activations MPI hands over only to a posted receive; "cnn" and "gpt", a small GPT whose embedding and
  * head are tied, both with clipping; "gpt-ckpt": that GPT with activation
  * checkpointing; "gpt-bf16": that GPT computing in bf16; "gpt-dropout":
- * with dropout 0.1), seed 5, steps,
+ * with dropout 0.1; "gpt-wide" and "gpt-wide-bf16": 4 blocks of 128, whose
+ * gradients outweigh the activations of a small batch), seed 5, steps,
  * batch, accum micro-batches, a log line
  * and a checkpoint every 10 steps; parallel is the "parallel" section's
  * body. Returns its path. */

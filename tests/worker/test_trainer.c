@@ -1,10 +1,16 @@
-/* test_trainer.c - the training loop's dropout keys: every micro-batch of
- * a step and every data-parallel rank draws masks of its own, the same in
- * every run of the seed. */
+/* test_trainer.c - the training loop: (1) dropout keys: every micro-batch
+ * of a step and every data-parallel rank draws masks of its own, the same
+ * in every run of the seed; (2) with bf16 compute each parameter is
+ * announced to the strategy once, during the last micro-batch's backward,
+ * with its f32 master gradient then already what the whole-buffer fold
+ * gives (a GPT with a tied embedding and head; flat and detached
+ * gradients). */
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <cmocka.h>
 #include <string.h>
 
@@ -63,9 +69,85 @@ static void test_dropout_keys(void **state) {
     ts_trainer_free(t);
 }
 
+/* (2) What a strategy was told during one step, per parameter. */
+typedef struct {
+    ts_trainer *t;
+    int count[64];        /* announcements */
+    bool in_backward[64]; /* the last one came during the last micro-batch */
+    float *grads;         /* the master gradients as they were then (flat layout) */
+} announced;
+
+static announced *seen;
+
+/* grads_ready that notes the parameter at offset and its master gradient. */
+static ts_status note_ready(ts_strategy *s, int64_t offset, int64_t len) {
+    (void)s;
+    ts_model *m = seen->t->model;
+    int i = 0;
+    while (m->params[i].offset != offset) i++;
+    assert_int_equal(len, m->params[i].numel);
+    const ts_tensor *g = m->grads_detached ? m->params[i].value->grad : NULL;
+    assert_true(!m->grads_detached || g);
+    memcpy(seen->grads + offset, g ? ts_f32(g) : ts_f32(m->flat_grads) + offset, (size_t)len * sizeof(float));
+    seen->count[i]++;
+    seen->in_backward[i] = seen->t->last_micro; /* set only around the last micro-batch */
+    return TS_OK;
+}
+
+static const char *const bf16_job =
+    "{\"seed\": 3, \"model\": {\"arch\": \"gpt\", \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 8, "
+    "\"block_size\": 8}, \"data\": {\"kind\": \"text\", \"prefetch\": 0}, "
+    "\"train\": {\"batch_size\": 2, \"accum_steps\": 2, \"precision\": \"bf16\"}}";
+
+static ts_trainer *bf16_trainer(const ts_job *job) {
+    ts_trainer *t = ts_trainer_create(job, bf16_job, NULL, false, ts_strategy_create(&(ts_strategy_options){.job = job}));
+    assert_non_null(t);
+    assert_int_equal(t->model->compute_dtype, TS_BF16);
+    assert_true(t->model->n_params <= 64);
+    return t;
+}
+
+static void test_bf16_announced_folded(void **state) {
+    (void)state;
+    ts_job job;
+    assert_int_equal(ts_job_parse(bf16_job, NULL, 0, &job), TS_OK);
+    /* the reference: no hooks, every gradient folded after each backward */
+    ts_trainer *ref = bf16_trainer(&job);
+    for (int i = 0; i < ref->model->n_params; i++) ts_model_grad_leaf(ref->model, i)->grad_hook = NULL;
+    double loss, ref_loss;
+    int64_t samples;
+    assert_int_equal(ts_trainer_grads(ref, &ref_loss, &samples), TS_OK);
+    const float *want = ts_f32(ref->model->flat_grads);
+    for (int detached = 0; detached < 2; detached++) {
+        ts_trainer *t = bf16_trainer(&job);
+        ts_model *m = t->model;
+        if (detached) ts_model_detach_grads(m);
+        announced a = {.t = t, .grads = calloc((size_t)m->numel, sizeof(float))};
+        assert_non_null(a.grads);
+        seen = &a;
+        ts_strategy_ops ops = *t->strategy->ops;
+        ops.grads_ready = note_ready;
+        t->strategy->ops = &ops;
+        assert_int_equal(ts_trainer_grads(t, &loss, &samples), TS_OK);
+        assert_true(loss == ref_loss);
+        for (int i = 0; i < m->n_params; i++) {
+            const ts_param *p = &m->params[i];
+            if (a.count[i] != 1 || !a.in_backward[i])
+                fail_msg("%s: announced %d times, %s backward", p->name, a.count[i],
+                         a.in_backward[i] ? "in" : "after");
+            assert_memory_equal(a.grads + p->offset, want + p->offset, (size_t)p->numel * sizeof(float));
+        }
+        if (!detached) assert_memory_equal(ts_f32(m->flat_grads), want, (size_t)m->numel * sizeof(float));
+        free(a.grads);
+        ts_trainer_free(t);
+    }
+    ts_trainer_free(ref);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dropout_keys),
+        cmocka_unit_test(test_bf16_announced_folded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
