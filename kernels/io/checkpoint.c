@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,19 +166,27 @@ ts_status ts_checkpoint_save(const char *root, const ts_checkpoint_data *d, int 
     if (!s) s = ts_checkpoint_temp_dir(root, d->step, pid, tmp, sizeof tmp);
     if (s) return s;
     s = write_folder(tmp, d);
-    bool replaced = false;
-    if (!s && lstat(fin, &sb) == 0) { /* a checkpoint of this step exists: move it aside first */
-        if (rename(fin, old) != 0)
+    /* a checkpoint of this step exists (the step saved again): swap the two
+     * folders in one step, so that no crash leaves the step without a
+     * complete one (tmp then holds the old); a file system that cannot swap
+     * (NFS) gets the old one moved aside first */
+    bool swapped = false, replaced = false;
+    if (!s && lstat(fin, &sb) == 0) {
+        swapped = renameat2(AT_FDCWD, tmp, AT_FDCWD, fin, RENAME_EXCHANGE) == 0;
+        if (!swapped && errno != EINVAL && errno != ENOSYS)
+            s = ts_error(TS_ERR_IO, "checkpoint: cannot swap %s and %s: %s", tmp, fin, strerror(errno));
+        else if (!swapped && rename(fin, old) != 0)
             s = ts_error(TS_ERR_IO, "checkpoint: cannot move %s aside: %s", fin, strerror(errno));
-        replaced = !s;
+        replaced = !s && !swapped;
     }
-    if (!s && rename(tmp, fin) != 0)
+    if (!s && !swapped && rename(tmp, fin) != 0)
         s = ts_error(TS_ERR_IO, "checkpoint: cannot rename %s to %s: %s", tmp, fin, strerror(errno));
     if (!s) s = ts_io_fsync_dir(root);
     if (s) {
         ts_io_remove_tree(tmp);
         return s;
     }
+    if (swapped && (s = ts_io_remove_tree(tmp))) return s;
     if (replaced && (s = ts_io_remove_tree(old))) return s;
     if (path && snprintf(path, cap, "%s", fin) >= (int)cap)
         return ts_error(TS_ERR_VALUE, "checkpoint: path %s does not fit %zu bytes", fin, cap);

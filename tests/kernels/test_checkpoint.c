@@ -152,6 +152,13 @@ static void test_keep_last_and_crash_leftovers(void **state) {
     assert_true(ts_tensor_get(w, 0) == 7.0);
     ts_tensor_release(w);
     ts_checkpoint_close(ck);
+    /* ... and leaves neither the old folder nor the new one's temp behind */
+    DIR *dir = opendir(root);
+    assert_non_null(dir);
+    for (struct dirent *e; (e = readdir(dir));)
+        if (!strncmp(e->d_name, ".old-step-", 10) || !strncmp(e->d_name, ".tmp-step-", 10))
+            fail_msg("left behind: %s", e->d_name);
+    closedir(dir);
     /* no checkpoints at all */
     assert_int_equal(ts_checkpoint_latest("/nonexistent/ckpts", lp, sizeof lp, &latest), TS_OK);
     assert_int_equal(latest, -1);
