@@ -521,6 +521,8 @@ static ts_status finish_job(ts_job *job) {
     if (sc->kind == TS_JOB_COSINE && sc->min_lr > job->optimizer.lr)
         return ts_error(TS_ERR_VALUE, "schedule.min_lr: %g exceeds optimizer.lr (%g)", sc->min_lr,
                         job->optimizer.lr);
+    /* no worker ahead of the slowest: the step's pushes summed, as sync */
+    if (p->consistency == TS_CONSISTENCY_BOUNDED && p->staleness == 0) p->consistency = TS_CONSISTENCY_SYNC;
     if (p->strategy == TS_STRATEGY_PS && p->servers < 1)
         return ts_error(TS_ERR_VALUE, "parallel.servers: strategy \"ps\" needs at least one shard");
     if (p->heartbeat_timeout_ms <= p->heartbeat_ms)

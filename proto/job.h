@@ -35,7 +35,8 @@ typedef enum {
 typedef enum {
     TS_CONSISTENCY_SYNC = 0, /* the sum of every live worker's push, once per step */
     TS_CONSISTENCY_ASYNC,    /* each worker's push as it arrives */
-    TS_CONSISTENCY_BOUNDED,  /* as async, no worker more than staleness steps ahead */
+    TS_CONSISTENCY_BOUNDED,  /* as async, no worker more than staleness (>= 1) steps ahead;
+                                staleness 0 reads as sync */
 } ts_job_consistency;
 
 /* What gradients travel as (parallel.wire_dtype). */

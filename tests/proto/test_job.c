@@ -37,6 +37,13 @@ static void test_defaults(void **state) {
     assert_string_equal(job.parallel.key_file, "");
     assert_int_equal(job.parallel.join_timeout_ms, 60000);
     assert_int_equal(job.standin.step_ms, 0);
+    /* bounded staleness 0 is sync */
+    assert_int_equal(ts_job_parse("{\"parallel\": {\"consistency\": \"bounded\", \"staleness\": 0}}", NULL, 0, &job),
+                     TS_OK);
+    assert_int_equal(job.parallel.consistency, TS_CONSISTENCY_SYNC);
+    assert_int_equal(ts_job_parse("{\"parallel\": {\"consistency\": \"bounded\", \"staleness\": 1}}", NULL, 0, &job),
+                     TS_OK);
+    assert_int_equal(job.parallel.consistency, TS_CONSISTENCY_BOUNDED);
 }
 
 static void test_full_section(void **state) {
