@@ -323,7 +323,7 @@ const char *th_job_file(const char *name, const char *arch, int steps, int batch
                  "\"model\": {\"arch\": \"gpt\", \"n_layer\": %d, \"n_head\": 2, \"n_embd\": %d, \"block_size\": 16, "
                  "\"dropout\": %s, \"checkpoint\": %s}, \"data\": {\"kind\": \"text\", \"val_fraction\": 0.05}, "
                  "\"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.003, \"clip_norm\": 0.5}",
-                 wide ? 4 : 2, wide ? 128 : 32, strcmp(arch, "gpt-dropout") == 0 ? "0.1" : "0.0",
+                 wide ? 8 : 2, wide ? 256 : 32, strcmp(arch, "gpt-dropout") == 0 ? "0.1" : "0.0",
                  strcmp(arch, "gpt-ckpt") == 0 ? "true" : "false");
     else if (strcmp(arch, "cnn") == 0)
         snprintf(model, sizeof model,

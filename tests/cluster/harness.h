@@ -86,7 +86,7 @@ void th_expect_output(const th_proc *p, const char *needle, int timeout_ms);
  * activations MPI hands over only to a posted receive; "cnn" and "gpt", a small GPT whose embedding and
  * head are tied, both with clipping; "gpt-ckpt": that GPT with activation
  * checkpointing; "gpt-bf16": that GPT computing in bf16; "gpt-dropout":
- * with dropout 0.1; "gpt-wide" and "gpt-wide-bf16": 4 blocks of 128, whose
+ * with dropout 0.1; "gpt-wide" and "gpt-wide-bf16": 8 blocks of 256, whose
  * gradients outweigh the activations of a small batch), seed 5, steps,
  * batch, accum micro-batches, a log line
  * and a checkpoint every 10 steps; parallel is the "parallel" section's
