@@ -25,7 +25,7 @@ static const char usage[] =
     "      start one more worker against the running job at ADDRESS\n"
     "  tessera-run --status ADDRESS --key-file PATH\n"
     "      print the roster, generation and last heartbeats of a running job\n"
-    "  tessera-run --mpi [--role scheduler|ps|worker] JOB.json [--set ...]\n"
+    "  tessera-run --mpi [--role scheduler|ps|worker] JOB.json [--set ...] [--resume]\n"
     "      under mpirun: MPI rank 0 is the scheduler, the next parallel.servers\n"
     "      ranks are ps, the rest workers (--role sets it for MPMD launches)\n"
     "  tessera-run JOB.json --resume [--run-dir DIR]\n"

@@ -192,11 +192,12 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
         code = ts_sched_run(sched);
         ts_sched_destroy(sched);
     } else if (wrote && mine == TS_ROLE_PS) {
-        ts_ps_options po = {.job = &job, .scheduler = endpoint, .key_file = key_path, .rank = -1, .run_dir = run_dir};
+        ts_ps_options po = {.job = &job, .scheduler = endpoint, .key_file = key_path, .rank = -1, .run_dir = run_dir,
+                            .resume = o->resume};
         code = ts_ps_run(&po);
     } else if (wrote) {
         ts_worker_options wo = {.job = &job, .scheduler = endpoint, .key_file = key_path, .rank = -1,
-                                .run_dir = run_dir, .prog = "tessera-run --mpi", .mpi_comm = &group};
+                                .run_dir = run_dir, .resume = o->resume, .prog = "tessera-run --mpi", .mpi_comm = &group};
         code = ts_worker_run(&wo);
     }
     if (made_dir) {

@@ -3,7 +3,7 @@
  * small GPT with clipping, within 1e-5 relative over 30 steps), under
  * tessera-run and under mpirun, and over a whole epoch (train.epochs, and
  * the validation of train.eval_batches per rank; under mpirun at the
- * world its ranks make); a worker killed -9 in
+ * world its ranks make), and resumed under mpirun; a worker killed -9 in
  * the middle of training is named, the others redo the step at the new
  * world size and finish with a checkpoint that evaluates; a worker joined
  * mid-run trains in step. Run one scenario by name: cluster_test_ddp <name>. */
@@ -137,6 +137,37 @@ static void test_mpirun_2(void **state) {
             fail_msg("mpirun: step %d loss %.7f, local %.7f", s, got[s], want[s]);
 }
 
+/* --resume under mpirun continues from the run folder's newest checkpoint:
+ * a run stopped after step 10 (steps=10) and resumed by a second mpirun
+ * says "resumed at step 10" and logs local's losses for steps 11..30. */
+static void test_mpirun_resume(void **state) {
+    (void)state;
+    th_need_mpirun();
+    double want[STEPS + 1], got[STEPS + 1];
+    local_losses("mlp", 64, want);
+    const char *job = job_file("ddp-mpi-resume", "mlp", STEPS, 32, "ddp", 2, "");
+    const char *dir = th_path("ddp-mpi-resume");
+    char bin[4200], set[4300];
+    snprintf(bin, sizeof bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
+    snprintf(set, sizeof set, "train.run_dir=%s", dir);
+    const char *first[] = {"mpirun", "-np", "3", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
+                           bin, "--mpi", job, "--set", set, "--set", "parallel.heartbeat_timeout_ms=10000",
+                           "--set", "steps=10", NULL};
+    th_proc a = th_start("ddp-mpi-resume-1", first);
+    th_wait_mpirun(&a, 120000);
+    const char *again[] = {"mpirun", "-np", "3", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
+                           bin, "--mpi", job, "--set", set, "--set", "parallel.heartbeat_timeout_ms=10000",
+                           "--resume", NULL};
+    th_proc b = th_start("ddp-mpi-resume-2", again);
+    th_wait_mpirun(&b, 120000);
+    if (th_count(&b, "resumed at step 10") < 1) th_dump(&b, "the job did not resume at step 10");
+    if (th_losses(dir, got, STEPS) != STEPS) th_dump(&b, "the run did not log every step");
+    for (int s = 11; s <= STEPS; s++)
+        if (!(fabs(got[s] - want[s]) <= 1e-5 * fabs(want[s])))
+            fail_msg("mpirun --resume: step %d loss %.7f, local %.7f", s, got[s], want[s]);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* Runs job for one epoch (train.epochs=1) with one validation batch
  * (train.eval_batches=1) in run folder name: reads the losses of up to max
  * steps and the final validation line (from "eval val") into val; returns
@@ -266,7 +297,8 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_2),    cmocka_unit_test(test_mlp_4),       cmocka_unit_test(test_gpt_2),
         cmocka_unit_test(test_epochs),   cmocka_unit_test(test_epochs_mpirun),
-        cmocka_unit_test(test_gpt_4),    cmocka_unit_test(test_mpirun_2),    cmocka_unit_test(test_kill_worker),
+        cmocka_unit_test(test_gpt_4),    cmocka_unit_test(test_mpirun_2),    cmocka_unit_test(test_mpirun_resume),
+        cmocka_unit_test(test_kill_worker),
         cmocka_unit_test(test_kill_in_eval),
         cmocka_unit_test(test_join),     cmocka_unit_test(test_bf16),
     };
