@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <mpi.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -45,6 +46,28 @@ static int local_role(const char *role, int rank, int servers, ts_proto_role *ou
     }
     *out = rank == 0 ? TS_ROLE_SCHEDULER : rank <= servers ? TS_ROLE_PS : TS_ROLE_WORKER;
     return 0;
+}
+
+/* Whether nsched schedulers, nps ps and nworkers workers (the MPI layout,
+ * which sets the job's world) can run job's strategy; if not, writes why
+ * into why and the processes the job needs into np. */
+static bool layout_fits(const ts_job *job, int nsched, int nps, int nworkers, char *why, size_t cap, int *np) {
+    const ts_job_parallel *p = &job->parallel;
+    bool pipeline = p->strategy == TS_STRATEGY_PIPELINE;
+    int ps = ts_job_ps_processes(job), workers = pipeline ? p->stages * p->data_parallel : 1;
+    *np = 1 + ps + workers;
+    if (nsched != 1 || nworkers < 1)
+        snprintf(why, cap, "a job needs one scheduler and at least one worker");
+    else if (nps % p->ps_replicas)
+        snprintf(why, cap, "a shard needs %d ps (parallel.ps_replicas)", p->ps_replicas);
+    else if (p->strategy == TS_STRATEGY_PS && nps == 0)
+        snprintf(why, cap, "strategy \"ps\" needs at least one shard");
+    else if (pipeline && nworkers != workers)
+        snprintf(why, cap, "a pipeline of %d stages x %d replicas (parallel.data_parallel) needs exactly %d workers",
+                 p->stages, p->data_parallel, workers);
+    else
+        return true;
+    return false;
 }
 
 /* Reads the whole key file into buf; returns its length or -1. */
@@ -98,14 +121,15 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
         nbad += roles[i] < 0;
     }
     free(roles);
-    if (nbad || nsched != 1 || nworkers < 1 || nps % job.parallel.ps_replicas) {
+    char why[256];
+    int np;
+    if (nbad || !layout_fits(&job, nsched, nps, nworkers, why, sizeof why, &np)) {
         if (rank == 0 && !nbad)
-            fprintf(stderr,
-                    "tessera-run --mpi: %d processes give %d schedulers, %d ps and "
-                    "%d workers; a job needs one scheduler and at least one worker "
-                    "and %d ps per shard (mpirun -np %d or more for parallel.servers = %d)\n",
-                    size, nsched, nps, nworkers, job.parallel.ps_replicas, ts_job_ps_processes(&job) + 2,
-                    job.parallel.servers);
+            fprintf(stderr, "tessera-run --mpi: %s: %d processes give %d schedulers, %d ps and %d workers; %s "
+                            "(mpirun -np %d%s for parallel.strategy \"%s\", parallel.servers = %d)\n",
+                    o->job_path, size, nsched, nps, nworkers, why, np,
+                    job.parallel.strategy == TS_STRATEGY_PIPELINE ? "" : " or more",
+                    ts_job_strategy_name(job.parallel.strategy), job.parallel.servers);
         MPI_Finalize();
         return 2;
     }

@@ -433,7 +433,7 @@ void th_need_mpirun(void) {
     }
 }
 
-void th_wait_mpirun(th_proc *p, int timeout_ms) {
+int th_mpirun_status(th_proc *p, int timeout_ms) {
     int rc = th_wait(p, timeout_ms);
     char *text = th_output(p);
     int no_mpi = strstr(text, "no MPI support") != NULL;
@@ -442,5 +442,9 @@ void th_wait_mpirun(th_proc *p, int timeout_ms) {
         fprintf(stderr, "tessera-run built without MPI: skipping the MPI test\n");
         skip();
     }
-    if (rc != 0) th_dump(p, "mpirun of tessera-run --mpi did not exit 0");
+    return rc;
+}
+
+void th_wait_mpirun(th_proc *p, int timeout_ms) {
+    if (th_mpirun_status(p, timeout_ms) != 0) th_dump(p, "mpirun of tessera-run --mpi did not exit 0");
 }

@@ -133,6 +133,11 @@ void th_expect_export_whole(const char *tag, const char *ckpt);
 void th_need_mpirun(void);
 
 /* Waits up to timeout_ms for an mpirun of tessera-run --mpi: skips the
+ * test when tessera-run was built without MPI, else returns mpirun's
+ * status (th_wait's). */
+int th_mpirun_status(th_proc *p, int timeout_ms);
+
+/* Waits up to timeout_ms for an mpirun of tessera-run --mpi: skips the
  * test when tessera-run was built without MPI, fails it with the output
  * when mpirun did not exit 0. */
 void th_wait_mpirun(th_proc *p, int timeout_ms);

@@ -412,6 +412,35 @@ static void test_mpirun(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* mpirun with ranks that cannot make the job's world: a 2-stage pipeline
+ * given 3 workers, and a ps job whose MPMD roles hold no ps. Every rank
+ * stops before training with status 2 and the reason, within seconds. */
+static void test_mpirun_layout(void **state) {
+    (void)state;
+    th_need_mpirun();
+    char run_bin[4200];
+    snprintf(run_bin, sizeof run_bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
+    const char *pipe = th_job_file("mpi-pipe", "mlp", 10, 8, 1, "\"strategy\": \"pipeline\", \"micro_batches\": 2");
+    const char *ps = th_job_file("mpi-ps", "mlp", 10, 8, 1, "\"strategy\": \"ps\", \"servers\": 1");
+    const char *spmd[] = {"mpirun", "-np", "4", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
+                          run_bin, "--mpi", pipe, NULL};
+    const char *mpmd[] = {"mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
+                          "-np", "1", run_bin, "--mpi", "--role", "scheduler", ps, ":",
+                          "-np", "2", run_bin, "--mpi", "--role", "worker", ps, NULL};
+    const char *const *runs[] = {spmd, mpmd};
+    const char *why[] = {"a pipeline of 2 stages x 1 replicas (parallel.data_parallel) needs exactly 2 workers",
+                         "strategy \"ps\" needs at least one shard"};
+    for (int i = 0; i < 2; i++) {
+        th_proc p = th_start(i ? "mpi-layout-ps" : "mpi-layout-pipe", runs[i]);
+        if (th_mpirun_status(&p, 30000) != 2 || th_count(&p, why[i]) != 1)
+            th_dump(&p, "mpirun did not exit 2 naming the layout's fault");
+        if (th_count(&p, "joined rank=") != 0) th_dump(&p, "a rank joined the job before the layout was refused");
+        /* mpirun exits after the first rank's non-zero status without
+         * reaping the others, which exited 2 as well: reap them here */
+        th_leftovers();
+    }
+}
+
 int main(int argc, char **argv) {
     th_init();
     const struct CMUnitTest tests[] = {
@@ -420,7 +449,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_key_required),  cmocka_unit_test(test_launcher_killed),
         cmocka_unit_test(test_stopped_worker), cmocka_unit_test(test_scheduler_stall),
         cmocka_unit_test(test_scheduler_stall_8_nodes), cmocka_unit_test(test_scheduler_killed),
-        cmocka_unit_test(test_mpirun),
+        cmocka_unit_test(test_mpirun),        cmocka_unit_test(test_mpirun_layout),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
