@@ -258,6 +258,7 @@ ts_status ts_trainer_attach(ts_trainer *t) {
     if (!st && t->run_dir[0] && s->group.leader && !t->metrics) {
         t->metrics = ts_metrics_open(t->run_dir, t->step);
         if (!t->metrics) st = ts_last_status();
+        t->logged_step = t->step;
     }
     return st;
 }
@@ -444,6 +445,11 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s) {
 
 ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s) {
     if (!t->strategy->group.leader) return TS_OK;
+    if (t->metrics && s->step <= t->logged_step) {
+        fclose(t->metrics);
+        t->metrics = NULL;
+    }
+    t->logged_step = s->step;
     if (!t->metrics && t->run_dir[0] && !(t->metrics = ts_metrics_open(t->run_dir, s->step - 1)))
         return ts_last_status();
     if (s->step % t->job.train.log_every == 0 || s->step == t->total_steps)

@@ -69,6 +69,7 @@ struct ts_trainer {
     ts_schedule schedule;
     int64_t step, total_steps;
     FILE *metrics;         /* the leader's metrics.jsonl, else NULL */
+    int64_t logged_step;   /* the step metrics.jsonl was last opened after or logged */
     ts_strategy *strategy; /* owned */
     ts_group shard;        /* the (rank, world) the loader is sharded by */
     bool last_micro;       /* backward of the step's last micro-batch runs */
@@ -140,7 +141,9 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s);
 /* Logs step s (stdout and metrics.jsonl) where this rank leads the group,
  * every train.log_every steps and the last. A worker that became the
  * leader since the metrics were opened (the old one left) takes them over,
- * cut after the step before s (the old leader may have logged s). */
+ * cut after the step before s (the old leader may have logged s); so does a
+ * leader whose job went back (a checkpoint reloaded, steps replayed): the
+ * lines of the steps taken again go, as on --resume. */
 ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s);
 
 /* Loss and accuracy (or bits per byte) on the validation set, or the test

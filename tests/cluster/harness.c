@@ -232,6 +232,24 @@ int th_losses(const char *run_dir, double *loss, int max) {
     return last;
 }
 
+void th_expect_steps_once(const char *run_dir, int steps) {
+    char path[4200], line[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    FILE *f = fopen(path, "r");
+    if (!f) fail_msg("no %s", path);
+    int last = 0, step;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "{\"kind\":\"step\",\"step\":%d,", &step) != 1) continue;
+        if (step != last + 1) {
+            fclose(f);
+            fail_msg("%s: step %d logged after step %d", path, step, last);
+        }
+        last = step;
+    }
+    fclose(f);
+    if (last != steps) fail_msg("%s: the last step logged is %d, not %d", path, last, steps);
+}
+
 double th_peak_mib(const char *run_dir) {
     char path[4200], line[1024];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);

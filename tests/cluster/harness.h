@@ -60,6 +60,11 @@ pid_t th_child(pid_t parent, const char *comm, int nth);
  * (steps 1..max; 0 where absent); returns the highest step read. */
 int th_losses(const char *run_dir, double *loss, int max);
 
+/* Fails the test unless run_dir/metrics.jsonl logs steps 1..steps each
+ * once and in order (a job that went back must have cut the lines of the
+ * steps it took again). */
+void th_expect_steps_once(const char *run_dir, int steps);
+
 /* The largest allocator peak (MiB) of the steps logged in
  * run_dir/metrics.jsonl; 0 when there are none. */
 double th_peak_mib(const char *run_dir);

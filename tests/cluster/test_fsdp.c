@@ -195,8 +195,8 @@ static th_proc start_job(const char *name, const char *arch, int steps, int batc
 /* kill -9 of one of 4 workers mid-training, once the four hold their
  * shards and checkpointed them (12 steps after the generation of 4
  * formed): the survivors go
- * on at 3 from the last checkpoint, resharded, and finish; the final
- * checkpoint evaluates. */
+ * on at 3 from the last checkpoint, resharded, and finish, the steps they
+ * took again logged once in metrics.jsonl; the final checkpoint evaluates. */
 static void test_kill_worker(void **state) {
     (void)state;
     const char *dir;
@@ -215,6 +215,7 @@ static void test_kill_worker(void **state) {
     if (th_wait_for(&run, "world size 4 -> 3 workers", 15000) != 0) th_dump(&run, "no new generation of 3");
     if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after losing a worker");
     if (th_count(&run, "reloads checkpoint") < 1) th_dump(&run, "the survivors did not reload the last checkpoint");
+    th_expect_steps_once(dir, 300);
     char ckpt[4300];
     snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-300", dir);
     const char *eargv[] = {"tessera-run", "--eval", ckpt, NULL};

@@ -337,7 +337,8 @@ static void test_kill_worker(void **state) {
 
 /* kill -9 of a shard without a replica: tessera-run restarts it from its
  * checkpoint, the workers take every shard back to that step and replay
- * the steps since; the losses end up those of an undisturbed run. */
+ * the steps since, each logged once in metrics.jsonl; the losses end up
+ * those of an undisturbed run. */
 static void test_kill_shard(void **state) {
     (void)state;
     const char *job = elastic_job("kills", 240, "\"workers\": 2, \"max_restarts\": 1");
@@ -354,6 +355,7 @@ static void test_kill_shard(void **state) {
     th_proc quiet = start_run("kills-quiet", job, th_path("run-quiet"), "train.checkpoint_every=25", NULL);
     finish_run(&quiet, 120000);
     same_losses(run, th_path("run-quiet"), 240, 0);
+    th_expect_steps_once(run, 240);
     expect_accuracy(run, 240);
     assert_int_equal(th_leftovers(), 0);
 }
