@@ -115,6 +115,22 @@ static void test_bf16(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Starts tessera-run --mpi on job under mpirun with np processes (rank 0
+ * the scheduler, the others workers), in run folder dir, with a heartbeat
+ * timeout long enough for MPI (it progresses only in MPI calls: on a
+ * loaded machine a rank may not call one for longer than the other tests'
+ * timeout) and up to two more arguments (NULL for none). */
+static th_proc start_mpirun(const char *tag, const char *job, const char *dir, const char *np, const char *extra1,
+                            const char *extra2) {
+    static char bin[4200], set[4300];
+    snprintf(bin, sizeof bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
+    snprintf(set, sizeof set, "train.run_dir=%s", dir);
+    const char *argv[] = {"mpirun", "-np", np, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
+                          bin, "--mpi", job, "--set", set, "--set", "parallel.heartbeat_timeout_ms=10000",
+                          extra1, extra2, NULL};
+    return th_start(tag, argv);
+}
+
 /* The same under mpirun: 3 processes, the scheduler and 2 workers whose
  * all-reduces go through the MPI backend. */
 static void test_mpirun_2(void **state) {
@@ -124,14 +140,9 @@ static void test_mpirun_2(void **state) {
     local_losses("mlp", 64, want);
     const char *job = job_file("ddp-mpi", "mlp", STEPS, 32, "ddp", 2, "");
     const char *dir = th_path("ddp-mpi");
-    char bin[4200], set[4300];
-    snprintf(bin, sizeof bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
-    snprintf(set, sizeof set, "train.run_dir=%s", dir);
-    /* MPI progresses only in MPI calls: on a loaded machine a rank may not
-     * call one for longer than the heartbeat timeout of the other tests */
-    const char *argv[] = {"mpirun", "-np", "3", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
-                          bin, "--mpi", job, "--set", set, "--set", "parallel.heartbeat_timeout_ms=10000", NULL};
-    run_for_losses("ddp-mpi", argv, dir, got, STEPS);
+    th_proc p = start_mpirun("ddp-mpi", job, dir, "3", NULL, NULL);
+    th_wait_mpirun(&p, 120000);
+    if (th_losses(dir, got, STEPS) != STEPS) th_dump(&p, "the run did not log every step");
     for (int s = 1; s <= STEPS; s++)
         if (!(fabs(got[s] - want[s]) <= 1e-5 * fabs(want[s])))
             fail_msg("mpirun: step %d loss %.7f, local %.7f", s, got[s], want[s]);
@@ -147,18 +158,9 @@ static void test_mpirun_resume(void **state) {
     local_losses("mlp", 64, want);
     const char *job = job_file("ddp-mpi-resume", "mlp", STEPS, 32, "ddp", 2, "");
     const char *dir = th_path("ddp-mpi-resume");
-    char bin[4200], set[4300];
-    snprintf(bin, sizeof bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
-    snprintf(set, sizeof set, "train.run_dir=%s", dir);
-    const char *first[] = {"mpirun", "-np", "3", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
-                           bin, "--mpi", job, "--set", set, "--set", "parallel.heartbeat_timeout_ms=10000",
-                           "--set", "steps=10", NULL};
-    th_proc a = th_start("ddp-mpi-resume-1", first);
+    th_proc a = start_mpirun("ddp-mpi-resume-1", job, dir, "3", "--set", "steps=10");
     th_wait_mpirun(&a, 120000);
-    const char *again[] = {"mpirun", "-np", "3", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
-                           bin, "--mpi", job, "--set", set, "--set", "parallel.heartbeat_timeout_ms=10000",
-                           "--resume", NULL};
-    th_proc b = th_start("ddp-mpi-resume-2", again);
+    th_proc b = start_mpirun("ddp-mpi-resume-2", job, dir, "3", "--resume", NULL);
     th_wait_mpirun(&b, 120000);
     if (th_count(&b, "resumed at step 10") < 1) th_dump(&b, "the job did not resume at step 10");
     if (th_losses(dir, got, STEPS) != STEPS) th_dump(&b, "the run did not log every step");
@@ -279,13 +281,7 @@ static void test_epochs_mpirun(void **state) {
     th_need_mpirun();
     const char *job = job_file("ddp-epochs-mpi", "mlp", 0, 1000, "ddp", 2, "");
     const char *dir = th_path("ddp-epochs-mpi");
-    char bin[4200], set[4300];
-    snprintf(bin, sizeof bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
-    snprintf(set, sizeof set, "train.run_dir=%s", dir);
-    const char *argv[] = {"mpirun", "-np", "4", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", bin,
-                          "--mpi", job, "--set", set, "--set", "train.epochs=1", "--set",
-                          "parallel.heartbeat_timeout_ms=10000", NULL};
-    th_proc m = th_start("ddp-epochs-mpi", argv);
+    th_proc m = start_mpirun("ddp-epochs-mpi", job, dir, "4", "--set", "train.epochs=1");
     th_wait_mpirun(&m, 60000);
     double loss[64];
     assert_int_equal(th_losses(dir, loss, 63), 18);
