@@ -214,8 +214,10 @@ static void test_epochs(void **state) {
 static void test_kill_worker(void **state) {
     (void)state;
     /* long enough for a worker that comes after the start (it loads its
-     * data first; two may start the job on a loaded machine) to join */
-    enum { KILL_STEPS = 2000 };
+     * data first; two may start the job on a loaded machine) to join: 2000
+     * steps (about 5 s) once ended before two late workers had joined,
+     * beside the mpirun tests */
+    enum { KILL_STEPS = 4000 };
     char at_20[32], ckpt[4300];
     snprintf(at_20, sizeof at_20, "step 20/%d", KILL_STEPS);
     const char *job = job_file("ddp-kill", "mlp", KILL_STEPS, 32, "ddp", 4, "\"min_workers\": 2");
