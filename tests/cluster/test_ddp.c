@@ -143,9 +143,7 @@ static void test_mpirun_2(void **state) {
     th_proc p = start_mpirun("ddp-mpi", job, dir, "3", NULL, NULL);
     th_wait_mpirun(&p, 120000);
     if (th_losses(dir, got, STEPS) != STEPS) th_dump(&p, "the run did not log every step");
-    for (int s = 1; s <= STEPS; s++)
-        if (!(fabs(got[s] - want[s]) <= 1e-5 * fabs(want[s])))
-            fail_msg("mpirun: step %d loss %.7f, local %.7f", s, got[s], want[s]);
+    th_expect_same(got, want, 1, STEPS, "mpirun");
 }
 
 /* --resume under mpirun continues from the run folder's newest checkpoint:
@@ -164,9 +162,7 @@ static void test_mpirun_resume(void **state) {
     th_wait_mpirun(&b, 120000);
     if (th_count(&b, "resumed at step 10") < 1) th_dump(&b, "the job did not resume at step 10");
     if (th_losses(dir, got, STEPS) != STEPS) th_dump(&b, "the run did not log every step");
-    for (int s = 11; s <= STEPS; s++)
-        if (!(fabs(got[s] - want[s]) <= 1e-5 * fabs(want[s])))
-            fail_msg("mpirun --resume: step %d loss %.7f, local %.7f", s, got[s], want[s]);
+    th_expect_same(got, want, 11, STEPS, "mpirun --resume");
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -201,9 +197,7 @@ static void test_epochs(void **state) {
     int ddp = epoch_run("ddp-epochs", job_file("ddp-epochs", "mlp", 3, 2000, "ddp", 2, ""), got, EPOCH + 1, ddp_val,
                         sizeof ddp_val);
     if (local != EPOCH || ddp != EPOCH) fail_msg("one epoch: %d steps local, %d with ddp; want %d", local, ddp, EPOCH);
-    for (int s = 1; s <= EPOCH; s++)
-        if (!(fabs(got[s] - want[s]) <= 1e-5 * fabs(want[s])))
-            fail_msg("epochs: step %d loss %.7f, local %.7f", s, got[s], want[s]);
+    th_expect_same(got, want, 1, EPOCH, "epochs");
     if (!local_val[0] || strcmp(local_val, ddp_val) != 0)
         fail_msg("validation of one batch per rank:\n  local: %s\n  ddp:   %s", local_val, ddp_val);
     assert_int_equal(th_leftovers(), 0);
