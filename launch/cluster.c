@@ -41,7 +41,7 @@ typedef struct {
     const ts_cluster_opts *o;
     uv_loop_t loop;
     ts_super super;
-    uv_timer_t startup_timer, drain_timer, regroup_timer;
+    uv_timer_t startup_timer, drain_timer, regroup_timer, stop_timer;
     char run_dir[PATH_MAX];
     char key_file[PATH_MAX + 16];
     char job_path[PATH_MAX];
@@ -54,6 +54,7 @@ typedef struct {
     double regroup_deadline; /* restart then even if the scheduler still lists a worker */
     int resume_workers; /* workers start from the run's checkpoints (a restarted pipeline) */
     phase phase;
+    int interrupted;  /* the signal the scheduler got to stop the job (0: none) */
     int stop_signal;  /* sent to the children when stopping */
     int exit_code;
     char reason[2048];
@@ -397,9 +398,9 @@ static void on_done(ts_child *c) {
             cl->phase = PHASE_DONE;
             stop_unjoined(cl);
         } else if (cl->phase == PHASE_STARTING || cl->phase == PHASE_RUNNING) {
-            fail(cl, 1, "%s%s", what, reason);
+            fail(cl, cl->interrupted ? 128 + cl->interrupted : 1, "%s%s", what, reason);
         }
-    } else if (!ok && cl->phase == PHASE_RUNNING) {
+    } else if (!ok && cl->phase == PHASE_RUNNING && !cl->interrupted) {
         const ts_job_parallel *p = &cl->o->job.parallel;
         if (sl->role == TS_ROLE_WORKER && p->strategy == TS_STRATEGY_PIPELINE) {
             restart_pipeline(cl, what, reason);
@@ -430,15 +431,44 @@ static void on_done(ts_child *c) {
         uv_timer_start(&cl->drain_timer, drain_expired, (uint64_t)drain_ms(cl), 0);
 }
 
+static const char *signal_name(int signum) { return signum == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+/* How long a stopping job may take: the scheduler's time for the
+ * workers, then its own drain. */
+static int stop_ms(const cluster *cl) {
+    const ts_job_parallel *p = &cl->o->job.parallel;
+    return (int)(p->heartbeat_timeout_ms + p->barrier_timeout_ms) + DRAIN_MS;
+}
+
+static void stop_expired(uv_timer_t *t) {
+    cluster *cl = t->data;
+    if (cl->phase == PHASE_RUNNING)
+        fail(cl, 128 + cl->interrupted, "interrupted by %s: the job did not stop within %d ms",
+             signal_name(cl->interrupted), stop_ms(cl));
+}
+
+/* The first signal while the job runs goes to the scheduler alone: the
+ * workers stop after a step they all take and save it there
+ * (scheduler/stop.c), and the scheduler ends the job. Before that, during
+ * a pipeline's restart, or at a second signal every process is stopped
+ * (the second: killed). */
 static void on_signal(ts_super *s, int signum) {
     cluster *cl = s->user;
-    if (cl->phase == PHASE_FAILED || s->stopping) {
+    if (cl->phase == PHASE_FAILED || s->stopping || cl->interrupted) {
         fprintf(stderr, "[run] second signal: killing every process now\n");
         for (ts_child *c = s->children; c; c = c->next) ts_super_signal(c, SIGKILL);
         return;
     }
     cl->stop_signal = signum; /* forwarded as it came */
-    fail(cl, 128 + signum, "interrupted by %s", signum == SIGINT ? "SIGINT" : "SIGTERM");
+    if (cl->phase == PHASE_RUNNING && cl->sched.child && !cl->regrouping) {
+        cl->interrupted = signum;
+        fprintf(stderr, "[run] %s: the workers stop after a step they all take and save a checkpoint there; "
+                        "a second signal kills every process\n", signal_name(signum));
+        ts_super_signal(cl->sched.child, signum);
+        uv_timer_start(&cl->stop_timer, stop_expired, (uint64_t)stop_ms(cl), 0);
+        return;
+    }
+    fail(cl, 128 + signum, "interrupted by %s", signal_name(signum));
 }
 
 /* Draws the run's metrics.png when its workers wrote metrics (a stand-in
@@ -609,10 +639,12 @@ int ts_cluster_run(const ts_cluster_opts *o) {
     uv_timer_init(&cl->loop, &cl->startup_timer);
     uv_timer_init(&cl->loop, &cl->drain_timer);
     uv_timer_init(&cl->loop, &cl->regroup_timer);
-    cl->startup_timer.data = cl->drain_timer.data = cl->regroup_timer.data = cl;
+    uv_timer_init(&cl->loop, &cl->stop_timer);
+    cl->startup_timer.data = cl->drain_timer.data = cl->regroup_timer.data = cl->stop_timer.data = cl;
     uv_unref((uv_handle_t *)&cl->startup_timer);
     uv_unref((uv_handle_t *)&cl->drain_timer);
     uv_unref((uv_handle_t *)&cl->regroup_timer);
+    uv_unref((uv_handle_t *)&cl->stop_timer);
 
     fprintf(stderr, "[run] job %s (%s): %d ps, %d workers, %lld steps; run folder %s\n",
             o->job.name, ts_job_strategy_name(p->strategy), nps, p->workers,
@@ -623,6 +655,7 @@ int ts_cluster_run(const ts_cluster_opts *o) {
     uv_close((uv_handle_t *)&cl->startup_timer, NULL);
     uv_close((uv_handle_t *)&cl->drain_timer, NULL);
     uv_close((uv_handle_t *)&cl->regroup_timer, NULL);
+    uv_close((uv_handle_t *)&cl->stop_timer, NULL);
     ts_super_close(&cl->super);
     uv_loop_close(&cl->loop);
     if (cl->super.log) fclose(cl->super.log);
@@ -631,6 +664,12 @@ int ts_cluster_run(const ts_cluster_opts *o) {
         fprintf(stderr, "[run] job %s failed: %s (run folder %s)\n", o->job.name,
                 cl->reason, cl->run_dir);
         code = cl->exit_code;
+    } else if (cl->interrupted) {
+        draw_chart(cl->run_dir);
+        fprintf(stderr, "[run] job %s interrupted by %s: every worker stopped after the same step and saved it "
+                        "(run folder %s; go on with --resume --run-dir %s)\n",
+                o->job.name, signal_name(cl->interrupted), cl->run_dir, cl->run_dir);
+        code = 128 + cl->interrupted;
     } else {
         draw_chart(cl->run_dir);
         fprintf(stderr, "[run] job %s completed (run folder %s)\n", o->job.name,

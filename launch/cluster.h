@@ -8,7 +8,10 @@
  * asking for their old rank; a restarted ps resumes from its checkpoint; a
  * pipeline, which cannot lose a stage, is restarted whole from the run's
  * last checkpoint once all of its workers have stopped)
- * and stops everything on completion, failure or SIGINT/SIGTERM. Every
+ * and stops everything on completion or failure. SIGINT/SIGTERM while the
+ * job runs goes to the scheduler, which has the workers stop after a step
+ * they agree on and save it (exit 128 + the signal); a second one kills
+ * every process. Every
  * exit path leaves no child running. With resume every node continues from
  * the checkpoints of run_dir.
  */

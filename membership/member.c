@@ -78,6 +78,8 @@ struct ts_member {
     bool shutdown;
     int shutdown_code;
     char shutdown_reason[MSG_TEXT];
+    bool stop_asked; /* the scheduler sent STOP */
+    char stop_reason[MSG_TEXT];
     outmsg *outq, **outq_tail;
     req_kind req;
     int64_t req_barrier;
@@ -226,6 +228,12 @@ static void on_message(ts_member *m, const ts_proto_msg *msg)
             textf(text, sizeof text, "scheduler %s shut the job down: %s", m->endpoint,
                      msg->reason);
             finish_req(m, TS_ERR_STATE, text);
+        }
+        break;
+    case TS_MSG_STOP:
+        if (!m->stop_asked) {
+            m->stop_asked = true;
+            textf(m->stop_reason, sizeof m->stop_reason, "%s", msg->reason);
         }
         break;
     default:
@@ -685,11 +693,12 @@ bool ts_member_poll_membership(ts_member *m, uint64_t *generation, ts_proto_memb
     return news;
 }
 
-ts_status ts_member_step_done(ts_member *m, int64_t step)
+/* Queues a STEP_DONE or STOPPED of step; does not wait. */
+static ts_status send_step(ts_member *m, ts_proto_type type, int64_t step)
 {
-    outmsg *o = new_out(TS_MSG_STEP_DONE);
+    outmsg *o = new_out(type);
     if (!o)
-        return ts_error(TS_ERR_MEMORY, "step_done: out of memory");
+        return ts_error(TS_ERR_MEMORY, "%s: out of memory", ts_proto_type_name(type));
     o->step = step;
     pthread_mutex_lock(&m->mu);
     m->last_step = step; /* the latest, lower after the job moved back to a checkpoint */
@@ -698,6 +707,20 @@ ts_status ts_member_step_done(ts_member *m, int64_t step)
     wake_io(m);
     return TS_OK;
 }
+
+ts_status ts_member_step_done(ts_member *m, int64_t step) { return send_step(m, TS_MSG_STEP_DONE, step); }
+
+bool ts_member_stop_asked(ts_member *m, char *reason, size_t cap)
+{
+    pthread_mutex_lock(&m->mu);
+    bool asked = m->stop_asked;
+    if (asked && reason && cap)
+        textf(reason, cap, "%s", m->stop_reason);
+    pthread_mutex_unlock(&m->mu);
+    return asked;
+}
+
+ts_status ts_member_stopped(ts_member *m, int64_t step) { return send_step(m, TS_MSG_STOPPED, step); }
 
 /* Sends o and waits for the I/O thread to finish the request of kind k. */
 static ts_status request(ts_member *m, req_kind k, outmsg *o, int timeout_ms, const char *what,

@@ -4,8 +4,8 @@
  * JOIN (role, address, capabilities, optional previous rank) and waits for
  * JOIN_ACK: rank, generation, roster and run settings. From then on an
  * internal I/O thread owns the socket: it sends HEARTBEATs (carrying the last
- * step and barrier) every heartbeat_ms, receives MEMBERSHIP / SHUTDOWN at any
- * time, and carries the caller's requests. Blocking calls (barrier, blob
+ * step and barrier) every heartbeat_ms, receives MEMBERSHIP / STOP / SHUTDOWN
+ * at any time, and carries the caller's requests. Blocking calls (barrier, blob
  * put/get) wait for their answer with a timeout; a timeout or a scheduler
  * error is returned as ts_status with a message naming the scheduler address
  * (and, for barriers, the scheduler's text naming the missing ranks).
@@ -81,6 +81,16 @@ bool ts_member_poll_membership(ts_member *m, uint64_t *generation,
 /* Reports that this worker finished step (steps count from 1); also carried
  * by the following heartbeats. Does not wait. */
 ts_status ts_member_step_done(ts_member *m, int64_t step);
+
+/* True (and stays true) once the scheduler sent STOP: the job is to stop
+ * after a step its workers agree on; reason (may be NULL) gets the
+ * scheduler's words. */
+bool ts_member_stop_asked(ts_member *m, char *reason, size_t cap);
+
+/* Reports that this worker stopped after step, as STOP asked, its
+ * checkpoint saved: the scheduler ends the job once every live worker
+ * did. Does not wait. */
+ts_status ts_member_stopped(ts_member *m, int64_t step);
 
 /* Waits until every live member of this node's role reached barrier id.
  * timeout_ms <= 0: the scheduler's barrier timeout plus a margin. Fails with

@@ -74,6 +74,9 @@ typedef enum {
     TS_MSG_BLOB_PUT = 12,    /* node -> scheduler: key, 1 payload frame = bytes */
     TS_MSG_BLOB_GET = 13,    /* node -> scheduler: key */
     TS_MSG_BLOB_REPLY = 14,  /* scheduler -> node: key, found, payload if found */
+    TS_MSG_STOP = 15,        /* scheduler -> workers: stop the job after a step they agree on,
+                                save it, report STOPPED: code + reason */
+    TS_MSG_STOPPED = 16,     /* worker -> scheduler: stopped after step "s", its checkpoint saved */
     /* The parallel strategies. PUSH, PULL, PULL_REPLY and ACK through
      * ROLLBACK are the parameter-server conversation (ps/README.md). */
     TS_MSG_PUSH = 32,        /* worker -> shard: gradients of step "s" for ranges "rg" */
@@ -129,8 +132,9 @@ typedef enum {
 /* The f64 values of a COMMIT (worker -> shard) and of a COMMIT_REPLY (shard
  * -> worker), in this order (ps/README.md). */
 enum { TS_COMMIT_LOSS_SUM, TS_COMMIT_SAMPLES, TS_COMMIT_SQ_NORM, TS_COMMIT_LR, TS_COMMIT_EPOCH, TS_COMMIT_OFFSET,
-       TS_COMMIT_VALUES };
-enum { TS_DECIDED_LOSS_SUM, TS_DECIDED_SAMPLES, TS_DECIDED_SQ_NORM, TS_DECIDED_WORKERS, TS_DECIDED_VALUES };
+       TS_COMMIT_STOP, TS_COMMIT_VALUES };
+enum { TS_DECIDED_LOSS_SUM, TS_DECIDED_SAMPLES, TS_DECIDED_SQ_NORM, TS_DECIDED_WORKERS, TS_DECIDED_STOP,
+       TS_DECIDED_VALUES };
 
 /* Node roles ("ro", roster entries). */
 typedef enum {

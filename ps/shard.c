@@ -489,7 +489,7 @@ static void try_decide(ts_shard *s) {
         live++;
     }
     if (!live) return;
-    double loss = 0, samples = 0;
+    double loss = 0, samples = 0, stop = 0;
     bool first = true;
     for (int i = 0; i < s->nw; i++) {
         shard_worker *w = &s->w[i];
@@ -504,6 +504,7 @@ static void try_decide(ts_shard *s) {
         first = false;
         loss += w->values[TS_COMMIT_LOSS_SUM];
         samples += w->values[TS_COMMIT_SAMPLES];
+        stop += w->values[TS_COMMIT_STOP];
     }
     if (live > 1) ts_clip_scale(s->sum, s->len, 1.0f / (float)live);
     s->decided = true;
@@ -514,6 +515,7 @@ static void try_decide(ts_shard *s) {
     v[TS_DECIDED_SAMPLES] = samples;
     v[TS_DECIDED_SQ_NORM] = ts_clip_sq_norm(s->sum, s->len);
     v[TS_DECIDED_WORKERS] = live;
+    v[TS_DECIDED_STOP] = stop;
     s->last_decided_step = s->decided_step;
     memcpy(s->last_decided, v, sizeof s->last_decided);
     for (int i = 0; i < s->nw; i++) {
@@ -522,6 +524,15 @@ static void try_decide(ts_shard *s) {
             send_values(s, &w->who, TS_MSG_COMMIT_REPLY, s->decided_step, 0, v, TS_DECIDED_VALUES);
         w->waiting = false;
     }
+}
+
+/* Async, bounded: the reply to a commit of values c, one worker's own. */
+static void own_decision(const double *c, double *v) {
+    v[TS_DECIDED_LOSS_SUM] = c[TS_COMMIT_LOSS_SUM];
+    v[TS_DECIDED_SAMPLES] = c[TS_COMMIT_SAMPLES];
+    v[TS_DECIDED_SQ_NORM] = c[TS_COMMIT_SQ_NORM];
+    v[TS_DECIDED_WORKERS] = 1;
+    v[TS_DECIDED_STOP] = c[TS_COMMIT_STOP];
 }
 
 /* Async, bounded: applies w's gradient of its committed step at once. */
@@ -537,8 +548,8 @@ static void apply_one(ts_shard *s, const ts_proto_identity *from, const ts_proto
     clear_staging(w);
     s->step = slowest(s);
     s->pos = (ts_loader_pos){(int64_t)w->values[TS_COMMIT_EPOCH], (int64_t)w->values[TS_COMMIT_OFFSET]};
-    double v[TS_DECIDED_VALUES] = {w->values[TS_COMMIT_LOSS_SUM], w->values[TS_COMMIT_SAMPLES],
-                                   w->values[TS_COMMIT_SQ_NORM], 1};
+    double v[TS_DECIDED_VALUES];
+    own_decision(w->values, v);
     send_values(s, from, TS_MSG_COMMIT_REPLY, m->step, 0, v, TS_DECIDED_VALUES);
     maybe_checkpoint(s, before);
     serve_pulls(s);
@@ -561,9 +572,9 @@ static void on_commit(ts_shard *s, const ts_proto_identity *from, const ts_proto
             return;
         }
     } else if (m->step <= w->done) {
-        send_values(s, from, TS_MSG_COMMIT_REPLY, m->step, 0,
-                    (double[]){v[TS_COMMIT_LOSS_SUM], v[TS_COMMIT_SAMPLES], v[TS_COMMIT_SQ_NORM], 1},
-                    TS_DECIDED_VALUES);
+        double own[TS_DECIDED_VALUES];
+        own_decision(v, own);
+        send_values(s, from, TS_MSG_COMMIT_REPLY, m->step, 0, own, TS_DECIDED_VALUES);
         return;
     }
     if (w->step != m->step || w->covered != s->len) {
@@ -574,6 +585,10 @@ static void on_commit(ts_shard *s, const ts_proto_identity *from, const ts_proto
     double lr = v[TS_COMMIT_LR];
     if (!(lr >= 0) || isinf(lr)) {
         refuse(s, from, m, TS_PROTO_E_FIELD_VALUE, "its learning rate %g is not finite and >= 0", lr);
+        return;
+    }
+    if (v[TS_COMMIT_STOP] != 0 && v[TS_COMMIT_STOP] != 1) {
+        refuse(s, from, m, TS_PROTO_E_FIELD_VALUE, "its stop vote %g is not 0 or 1", v[TS_COMMIT_STOP]);
         return;
     }
     memcpy(w->values, v, sizeof w->values);

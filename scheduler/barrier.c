@@ -102,9 +102,11 @@ static size_t missing_text(ts_sched *s, const sched_barrier *b, char *buf, size_
 /* Releases b when nobody alive is missing; true when it did. */
 static bool try_release(ts_sched *s, sched_barrier *b)
 {
-    for (size_t i = 0; i < b->n; i++)
-        if (!b->arrived[i] && sched_node_by_rank(s, b->ranks[i]))
+    for (size_t i = 0; i < b->n; i++) {
+        const sched_node *o = sched_node_by_rank(s, b->ranks[i]);
+        if (!b->arrived[i] && o && !o->stopped)
             return false;
+    }
     ts_proto_msg m;
     sched_msg_init(s, &m, TS_MSG_BARRIER_RELEASE);
     m.barrier_id = b->id;
@@ -230,7 +232,7 @@ void sched_on_barrier(ts_sched *s, sched_node *n, const ts_proto_msg *m)
         b->started_ms = sched_now_ms(s);
         for (size_t i = 0; i < s->nnodes; i++) {
             const sched_node *o = &s->nodes[i];
-            if (o->state == NODE_MEMBER && o->role == n->role && !add_rank(b, o->rank, false)) {
+            if (o->state == NODE_MEMBER && o->role == n->role && !o->stopped && !add_rank(b, o->rank, false)) {
                 free_barrier(&(uv_handle_t){.data = b});
                 sched_send_error(s, &n->id, TS_PROTO_E_INTERNAL, "barrier %lld: out of memory",
                                  (long long)m->barrier_id);

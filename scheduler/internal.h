@@ -3,7 +3,8 @@
  * server.c owns the socket and the loop (a proto/zloop.h poll-and-drain
  * loop) and dispatches each validated message; members.c keeps the node
  * table (ranks, generations, step boundaries, admission, failure detection,
- * end of job); barrier.c the named barriers; blob.c the blob relay; reply.c
+ * end of job); stop.c the orderly stop on a signal; barrier.c the named
+ * barriers; blob.c the blob relay; reply.c
  * what is sent (replies, rejections, SHUTDOWN) and depends on no other
  * scheduler file. All run on the loop thread; every time judged against a
  * peer is read with sched_now_ms (the zloop clock, stalls left out).
@@ -40,6 +41,7 @@ typedef struct {
     int64_t last_barrier;       /* -1 none */
     uint64_t joined_generation;
     uint64_t join_order;
+    bool stopped;               /* sent STOPPED: it took its last step and saved */
 } sched_node;
 
 typedef struct sched_barrier sched_barrier;
@@ -80,6 +82,8 @@ struct ts_sched {
     uint64_t started_ms;
     uint64_t last_call_ms;      /* when the rendezvous reached its minimum short of
                                    the expected workers (0: not yet) */
+    int stop_signal;            /* the signal that asked the workers to stop (0: none) */
+    uint64_t stop_deadline_ms;  /* when the job is shut down even if they did not */
 
     sched_barrier *barriers;
     sched_released released[SCHED_RELEASED_KEPT];
@@ -141,6 +145,16 @@ void sched_rendezvous_expired(ts_sched *s);
 /* Starts the job once a rendezvous' last call has run out (each tick). */
 void sched_rendezvous_tick(ts_sched *s);
 void sched_rendezvous_warn(ts_sched *s);
+
+/* stop.c */
+/* SIGINT or SIGTERM: sends the live workers STOP (the first signal while
+ * they train), else shuts the job down at once. */
+void sched_stop_begin(ts_sched *s, int signum);
+/* A worker's STOPPED: it took its last step and saved it. */
+void sched_on_stopped(ts_sched *s, sched_node *n, const ts_proto_msg *m);
+/* While stopping (after every change and each tick): shuts the job down
+ * once every live worker stopped, or when they ran out of time. */
+void sched_stop_check(ts_sched *s);
 
 /* barrier.c */
 void sched_on_barrier(ts_sched *s, sched_node *n, const ts_proto_msg *m);

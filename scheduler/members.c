@@ -265,6 +265,7 @@ void sched_advance(ts_sched *s)
                          "waiting for workers to join", w, s->cfg.min_workers);
         announce(s);
     }
+    sched_stop_check(s);
     if (s->cfg.steps <= 0 || sched_barriers_open(s))
         return;
     size_t live = 0;
@@ -294,6 +295,10 @@ void sched_on_join(ts_sched *s, const ts_proto_identity *id, const ts_proto_msg 
     if (m->role != TS_ROLE_PS && m->role != TS_ROLE_WORKER) {
         sched_reject(s, id, n, TS_PROTO_E_FIELD_VALUE, "JOIN role must be ps or worker, got %s",
                      ts_proto_role_name(m->role));
+        return;
+    }
+    if (s->stop_signal && m->role == TS_ROLE_WORKER) {
+        sched_send_error(s, id, TS_PROTO_E_REFUSED, "job %s is stopping: no worker joins it", s->cfg.job);
         return;
     }
     size_t have = sched_count(s, NODE_PENDING, m->role) + sched_count(s, NODE_MEMBER, m->role);

@@ -134,6 +134,9 @@ static void dispatch(ts_sched *s, const ts_proto_identity *id, const ts_proto_ms
     case TS_MSG_STEP_DONE:
         sched_on_step_done(s, n, m);
         return;
+    case TS_MSG_STOPPED:
+        sched_on_stopped(s, n, m);
+        return;
     case TS_MSG_BARRIER:
         sched_on_barrier(s, n, m);
         return;
@@ -177,6 +180,7 @@ static void on_tick(void *owner)
     sched_check_liveness(s);
     sched_blob_expire(s);
     sched_rendezvous_tick(s);
+    sched_stop_check(s);
 }
 
 /* Half the rendezvous timeout: a warning; all of it: the job fails. Judged
@@ -200,14 +204,7 @@ static void on_rendezvous_timer(uv_timer_t *h)
     }
 }
 
-static void on_signal(uv_signal_t *h, int signum)
-{
-    ts_sched *s = h->data;
-    char reason[64];
-    snprintf(reason, sizeof reason, "scheduler received %s", signum == SIGINT ? "SIGINT" : "SIGTERM");
-    ts_sched_log(TS_SCHED_INFO, "%s: shutting the job down", reason);
-    sched_shutdown(s, 0, reason);
-}
+static void on_signal(uv_signal_t *h, int signum) { sched_stop_begin(h->data, signum); }
 
 static void close_handle(uv_handle_t *h, void *arg)
 {

@@ -141,6 +141,8 @@ int ts_worker_run(const ts_worker_options *o) {
     } else if (st) {
         fprintf(stderr, "%s: %s\n", o->prog, ts_last_error());
         code = stop_requested ? 130 : 1;
+    } else if (m && !t->strategy->finished && t->strategy->stop_agreed) {
+        ts_member_stopped(m, t->step); /* the job's STOP: saved, the job may end */
     } else if (m && !t->strategy->finished) {
         ts_member_step_done(m, t->step); /* done, evaluation included: the job may end */
     }

@@ -1,5 +1,5 @@
 /* strategy.c - making a strategy by name, and what cluster strategies share:
- * following the scheduler's generations. */
+ * following the scheduler's generations, voting on its STOP. */
 #include "worker/strategy.h"
 
 #include <stdio.h>
@@ -54,6 +54,10 @@ int ts_strategy_data_world(const ts_job *job) {
     case TS_STRATEGY_PIPELINE: return job->parallel.data_parallel;
     default: return job->parallel.workers;
     }
+}
+
+double ts_strategy_stop_vote(const ts_strategy *s) {
+    return s->member && ts_member_stop_asked(s->member, NULL, 0) ? 1.0 : 0.0;
 }
 
 /* This node's index among the live workers of roster r (ranks ascending),

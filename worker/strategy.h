@@ -28,6 +28,10 @@
  *                  the trainer clips every slice by it and steps the
  *                  optimizer on them
  *     end_step     after the optimizer step (PS: wait for the shards)
+ *   where the step's sums are added over the group (grads, or end_step)
+ *     each rank adds ts_strategy_stop_vote, and a non-zero sum sets
+ *     stop_agreed: every rank of the step takes it as its last, and the
+ *     trainer saves a checkpoint there and ends (the scheduler's STOP)
  *   when asked
  *     reduce_sums  sums n numbers over the data-parallel group, in place
  *                  (evaluation: each rank scores every world-th batch)
@@ -128,6 +132,8 @@ struct ts_strategy {
     ts_comm_times times; /* the step's, zeroed by the trainer before begin_step */
     bool shared_forward; /* the model's forward communicates: the group's
                           * ranks run forwards together (see above) */
+    bool stop_agreed;    /* the group agreed that this step is the last
+                          * (a STOP): the loop saves and ends */
     bool no_optim_state; /* the optimizer steps elsewhere (a ps job's
                           * shards): the model keeps no optimizer state,
                           * and its whole checkpoints hold none */
@@ -172,6 +178,10 @@ ts_strategy *ts_strategy_fsdp_new(const ts_strategy_options *o);
  * change of *workers after the first call is logged as "generation G:
  * world size A -> B workers". */
 bool ts_strategy_poll_workers(ts_strategy *s, int *index, int *workers);
+
+/* This rank's vote to stop the job after the step it computes: 1 once the
+ * scheduler sent STOP, else 0 (also without a scheduler). */
+double ts_strategy_stop_vote(const ts_strategy *s);
 
 /* ---- the local building blocks (strategy_local.c) ---- */
 

@@ -103,7 +103,7 @@ static ts_status ddp_grads_ready(ts_strategy *s, int64_t offset, int64_t len) {
 }
 
 /* One try at the step's gradients, averaged over the workers, and its
- * loss and sample count summed over them (hooks.try_step). The time spent
+ * loss, sample count and stop votes summed over them (hooks.try_step). The time spent
  * waiting after backward - communication that compute did not hide - is
  * the step's wait_ms. */
 static ts_status try_step(ts_strategy *s, double *loss, int64_t *samples) {
@@ -114,13 +114,14 @@ static ts_status try_step(ts_strategy *s, double *loss, int64_t *samples) {
     ts_status waited = ts_buckets_wait(d->buckets, ts_f32(s->trainer->model->flat_grads), bucket_wait, &d->g);
     if (st) return st;
     if (waited) return waited;
-    double sums[2] = {*loss, (double)*samples};
-    ts_comm_op op = {.kind = TS_COMM_ALLREDUCE, .send = sums, .recv = sums, .count = 2, .dtype = TS_F64,
+    double sums[3] = {*loss, (double)*samples, ts_strategy_stop_vote(s)};
+    ts_comm_op op = {.kind = TS_COMM_ALLREDUCE, .send = sums, .recv = sums, .count = 3, .dtype = TS_F64,
                      .op = TS_REDUCE_SUM, .step = s->trainer->step + 1};
     st = ts_dp_group_run_host(&d->g, &op);
     s->times.wait_ms += ts_clock_ms() - t0;
     *loss = sums[0] / s->group.world;
     *samples = (int64_t)sums[1];
+    s->stop_agreed = !st && sums[2] > 0;
     return st;
 }
 

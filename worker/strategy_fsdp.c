@@ -981,8 +981,9 @@ static ts_status fsdp_begin_step(ts_strategy *s, int64_t step) {
     return st ? st : ts_dp_group_begin_step(&((fsdp_strategy *)s)->g);
 }
 
-/* One try at the step's gradient shards, the loss and samples summed over
- * the ranks and the global squared gradient norm (hooks.try_step). */
+/* One try at the step's gradient shards, the loss, samples and stop votes
+ * summed over the ranks and the global squared gradient norm
+ * (hooks.try_step). */
 static ts_status try_step(ts_strategy *s, double *loss, int64_t *samples) {
     fsdp_strategy *f = (fsdp_strategy *)s;
     for (int k = 0; k < f->n_units; k++) f->units[k].ready = 0;
@@ -998,8 +999,8 @@ static ts_status try_step(ts_strategy *s, double *loss, int64_t *samples) {
     if (f->copy.of >= 0 && (st = swap_with_neighbours(f, f->b.grads, f->copy.b.grads, f->b.total, 0))) return st;
     double sq = 0; /* over this rank's shards only */
     for (int i = 0; i < f->n_slices; i++) sq += ts_clip_sq_norm(f->slices[i].grads, f->slices[i].len);
-    double sums[3] = {*loss, (double)*samples, f->shards == 1 ? 0 : sq};
-    ts_comm_op op = {.kind = TS_COMM_ALLREDUCE, .send = sums, .recv = sums, .count = 3, .dtype = TS_F64,
+    double sums[4] = {*loss, (double)*samples, f->shards == 1 ? 0 : sq, ts_strategy_stop_vote(s)};
+    ts_comm_op op = {.kind = TS_COMM_ALLREDUCE, .send = sums, .recv = sums, .count = 4, .dtype = TS_F64,
                      .op = TS_REDUCE_SUM, .step = s->trainer->step + 1};
     /* the optimizer steps next: when the sums fail here, a peer may have them and step */
     f->holds_next = true;
@@ -1010,6 +1011,7 @@ static ts_status try_step(ts_strategy *s, double *loss, int64_t *samples) {
     *loss = f->loss = sums[0] / s->group.world;
     *samples = (int64_t)sums[1];
     f->sq_norm = f->shards == 1 ? sq : sums[2];
+    s->stop_agreed = sums[3] > 0;
     return TS_OK;
 }
 

@@ -502,13 +502,15 @@ static ts_status tie_grads(pipe_strategy *p) {
     return st;
 }
 
-/* The step's loss from the last stage, averaged over the replicas. */
+/* The step's loss from the last stage, averaged over the replicas, and
+ * the stop votes of every stage and replica. */
 static ts_status share_loss(pipe_strategy *p, double *loss) {
-    double v = p->stage == p->P - 1 ? p->loss : 0;
+    double v[2] = {p->stage == p->P - 1 ? p->loss : 0, ts_strategy_stop_vote(&p->base)};
     p->at_what = "loss";
-    ts_status st = ts_comm_allreduce(p->pipe, &v, &v, 1, TS_F64, TS_REDUCE_SUM);
-    if (!st && p->dp) st = ts_comm_allreduce(p->dp, &v, &v, 1, TS_F64, TS_REDUCE_AVG);
-    *loss = v;
+    ts_status st = ts_comm_allreduce(p->pipe, v, v, 2, TS_F64, TS_REDUCE_SUM);
+    if (!st && p->dp) st = ts_comm_allreduce(p->dp, v, v, 2, TS_F64, TS_REDUCE_SUM);
+    *loss = v[0] / p->D;
+    p->base.stop_agreed = !st && v[1] > 0;
     return st;
 }
 

@@ -8,7 +8,8 @@
  * step is computed in.
  *
  * sync: the commit waits until every live worker committed; the replies
- * carry the job's loss and samples (the log's samples/s are the job's) and
+ * carry the job's loss and samples (the log's samples/s are the job's), the
+ * workers' stop votes and
  * the shards' partial squared norms of the averaged gradient, whose sum is the norm the trainer logs and the shards
  * clip by; then APPLY and the pull of the step. "redo" (the workers
  * changed before the step was decided) rewinds the loader to the step's
@@ -191,10 +192,12 @@ static ts_status compute(ps_strategy *d, double *loss, int64_t *samples) {
     ts_loader_pos next = ts_loader_position(t->loader);
     double own = d->sync ? 0 : ts_clip_sq_norm(ts_mirror_grads(d->mirror), t->model->numel);
     double v[TS_COMMIT_VALUES] = {*loss * (double)*samples, (double)*samples, own,
-                                  ts_schedule_lr(&t->schedule, t->step), (double)next.epoch, (double)next.offset};
+                                  ts_schedule_lr(&t->schedule, t->step), (double)next.epoch, (double)next.offset,
+                                  ts_strategy_stop_vote(&d->base)};
     double out[TS_DECIDED_VALUES];
     st = ts_ps_client_commit(d->c, v, d->sync, out);
     if (st) return st;
+    d->base.stop_agreed = out[TS_DECIDED_STOP] > 0; /* async: this worker's own vote */
     if (!d->sync) {
         d->sq_norm = own;
         return ts_ps_client_pull(d->c, t->step + 1); /* the next step's parameters, fetched meanwhile */

@@ -73,6 +73,9 @@ static ts_status standin_end_step(ts_strategy *s, int64_t step) {
         s->finished = true;
         return TS_OK;
     }
+    /* each stand-in trains its own replica: it stops alone (a stopped
+     * worker holds up no barrier of the others) */
+    s->stop_agreed = ts_strategy_stop_vote(s) > 0;
     return st ? ts_error(st, "barrier %lld failed: %s", (long long)step, ts_last_error()) : TS_OK;
 }
 

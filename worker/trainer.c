@@ -581,9 +581,10 @@ static ts_status run_eval(ts_trainer *t, bool test) {
     }
 }
 
-/* Whether the loop goes on: steps left, no stop asked, the job not ended. */
+/* Whether the loop goes on: steps left, no stop asked (by a signal, or by
+ * the job's STOP the group agreed on), the job not ended. */
 static bool more_steps(const ts_trainer *t, volatile sig_atomic_t *stop) {
-    return t->step < t->total_steps && !(stop && *stop) && !t->strategy->finished;
+    return t->step < t->total_steps && !(stop && *stop) && !t->strategy->finished && !t->strategy->stop_agreed;
 }
 
 /* Whether the job is short of its last step again after a regroup in its
@@ -595,6 +596,7 @@ ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop) {
     if (t->strategy->group.leader) ts_metrics_banner(t);
     ts_status st = TS_OK;
     char ckpt[1200] = "";
+    int64_t saved = -1; /* the step of ckpt */
     for (;;) {
         while (!st && more_steps(t, stop)) {
             ts_step_stats s;
@@ -604,11 +606,19 @@ ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop) {
             if (st || !s.taken) break;
             if ((st = ts_trainer_log_step(t, &s))) break;
             if (tr->eval_every && t->step % tr->eval_every == 0 && t->step < t->total_steps) st = run_eval(t, false);
-            if (!st && tr->checkpoint_every && t->step % tr->checkpoint_every == 0)
+            if (!st && tr->checkpoint_every && t->step % tr->checkpoint_every == 0) {
                 st = ts_trainer_save(t, ckpt, sizeof ckpt);
+                saved = t->step;
+            }
         }
         if (t->strategy->group.leader) ts_metrics_end_progress();
         if (st || t->strategy->finished) return st;
+        if (t->strategy->stop_agreed) {
+            if (saved != t->step) st = ts_trainer_save(t, ckpt, sizeof ckpt);
+            if (!st && ckpt[0]) printf("stopped after step %lld as the job was asked to; checkpoint %s\n",
+                                      (long long)t->step, ckpt);
+            return st;
+        }
         if (stop && *stop) {
             st = ts_trainer_save(t, ckpt, sizeof ckpt);
             if (!st && ckpt[0]) printf("interrupted at step %lld; checkpoint %s\n", (long long)t->step, ckpt);

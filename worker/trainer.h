@@ -165,7 +165,9 @@ ts_status ts_trainer_save(ts_trainer *t, char *path, size_t cap);
 /* The whole loop: steps with a log line each, evals, checkpoints, a final
  * checkpoint and test evaluation (logs and metrics from the group's leader
  * only). Stops early, after saving a checkpoint, when *stop becomes
- * non-zero (SIGINT). */
+ * non-zero (SIGINT), with an error; or when the group agreed to stop the
+ * job (the strategy's stop_agreed), returning TS_OK without the final
+ * evaluation. */
 ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop);
 
 #endif

@@ -393,6 +393,49 @@ void th_kill_in_eval(const char *name, const char *strategy, const char *paralle
     if (th_count(&run, "goes back") > 0) th_dump(&run, "the scheduler refused the steps of a job that moved back");
 }
 
+void th_interrupt_resume(const char *name, int steps, int batch, const char *parallel, int at) {
+    char whole[160];
+    snprintf(whole, sizeof whole, "%s-whole", name);
+    double *want = calloc((size_t)steps + 1, sizeof *want), *got = calloc((size_t)steps + 1, sizeof *got);
+    assert_non_null(want);
+    assert_non_null(got);
+    th_run_job(whole, "mlp", steps, batch, 1, parallel, false, want);
+
+    const char *job = th_job_file(name, "mlp", steps, batch, 1, parallel);
+    const char *dir = th_path(name);
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
+    th_proc run = th_start(name, argv);
+    char needle[64];
+    snprintf(needle, sizeof needle, "] step %d/%d ", at, steps);
+    if (th_wait_for(&run, needle, 120000) != 0) th_dump(&run, "the job did not reach the step to interrupt");
+    kill(run.pid, SIGINT);
+    if (th_wait(&run, 60000) != 128 + SIGINT) th_dump(&run, "tessera-run did not exit 128 + SIGINT");
+    if (th_count(&run, "every worker stopped after the same step") != 1) th_dump(&run, "the job did not stop as one");
+    char *out = th_output(&run);
+    const char *said = strstr(out, "job stopped by SIGINT after step ");
+    int stopped = said ? atoi(said + strlen("job stopped by SIGINT after step ")) : -1;
+    free(out);
+    if (stopped <= at || stopped >= steps) th_dump(&run, "the scheduler did not say after which step the job stopped");
+    /* nothing lost: the last step logged is the one saved */
+    if (th_losses(dir, got, steps) != stopped) th_dump(&run, "the metrics go on past the step the job stopped at");
+    char ckpt[4300];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-%d", dir, stopped);
+    if (access(ckpt, F_OK) != 0) th_dump(&run, "no checkpoint of the step the job stopped at");
+    if (strstr(parallel, "\"ps\"")) {
+        snprintf(ckpt, sizeof ckpt, "%s/ps/shard-0/step-%d", dir, stopped);
+        if (access(ckpt, F_OK) != 0) th_dump(&run, "no shard checkpoint of the step the job stopped at");
+    }
+
+    char tag[160];
+    snprintf(tag, sizeof tag, "%s-resumed", name);
+    const char *again[] = {"tessera-run", job, "--run-dir", dir, "--resume", NULL};
+    th_run_losses(tag, again, dir, got, steps);
+    th_expect_steps_once(dir, steps);
+    th_expect_same(got, want, 1, steps, "interrupted and resumed");
+    free(want);
+    free(got);
+}
+
 void th_run_losses(const char *tag, const char *const *argv, const char *run_dir, double *loss, int steps) {
     th_proc p = th_start(tag, argv);
     if (th_wait(&p, 240000) != 0) th_dump(&p, "the run did not exit 0");

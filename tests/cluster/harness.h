@@ -118,6 +118,15 @@ void th_run_job(const char *name, const char *arch, int steps, int batch, int ac
  * tessera-run exited 0. The run folder is th_path(name). */
 void th_kill_in_eval(const char *name, const char *strategy, const char *parallel_extra);
 
+/* Runs the job `name` (th_job_file's "mlp", steps, batch, parallel) and
+ * sends tessera-run SIGINT once the leader logged step at; fails unless
+ * tessera-run exits 128 + SIGINT saying every worker stopped after the same
+ * step K (the scheduler names it), metrics.jsonl ends at K, the run folder
+ * (and a ps job's shard 0) holds a checkpoint of K, and the job resumed
+ * with --resume logs every step once with the losses of the same job run
+ * without a stop. */
+void th_interrupt_resume(const char *name, int steps, int batch, const char *parallel, int at);
+
 /* Fails unless got[s] is want[s] within 1e-5 relative for s in [from, to]. */
 void th_expect_same(const double *got, const double *want, int from, int to, const char *what);
 

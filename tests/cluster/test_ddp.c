@@ -248,6 +248,14 @@ static void test_kill_in_eval(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Ctrl-C of tessera-run: both workers stop after the same step and save
+ * it; resumed, the job logs the losses of a run never stopped. */
+static void test_interrupt(void **state) {
+    (void)state;
+    th_interrupt_resume("ddp-interrupt", 600, 16, "\"strategy\": \"ddp\", \"workers\": 2", 30);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* A worker joined mid-run receives the state and trains in step. */
 static void test_join(void **state) {
     (void)state;
@@ -292,6 +300,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gpt_4),    cmocka_unit_test(test_mpirun_2),    cmocka_unit_test(test_mpirun_resume),
         cmocka_unit_test(test_kill_worker),
         cmocka_unit_test(test_kill_in_eval),
+        cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_join),     cmocka_unit_test(test_bf16),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);

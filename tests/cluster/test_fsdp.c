@@ -467,6 +467,15 @@ static void test_kill_in_eval(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Ctrl-C of tessera-run: the workers stop after the same step and save
+ * their shards of it together; resumed, the job logs the losses of a run
+ * never stopped. */
+static void test_interrupt(void **state) {
+    (void)state;
+    th_interrupt_resume("fsdp-interrupt", 600, 16, "\"strategy\": \"fsdp\", \"workers\": 2", 30);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* A worker joined mid-run gets its shards from the others at the next
  * step boundary (no checkpoint reloaded) and trains in step; the
  * neighbour copies are laid out again for the three. */
@@ -494,6 +503,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_reshard), cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_kill_worker_copy),
         cmocka_unit_test(test_sums_split), cmocka_unit_test(test_kill_fine_tune), cmocka_unit_test(test_kill_after_local),
         cmocka_unit_test(test_kill_in_eval),
+        cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_join_during_move),
         cmocka_unit_test(test_join),
     };

@@ -379,6 +379,17 @@ static void test_timeline_resume(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Ctrl-C of tessera-run: the 2 stages x 2 replicas stop after the same
+ * step and save their parts of it; resumed, the job logs the losses of a
+ * run never stopped. */
+static void test_interrupt(void **state) {
+    (void)state;
+    char par[512];
+    pipeline_section(par, sizeof par, 2, 2, 2, "1f1b", "");
+    th_interrupt_resume("pipeline-interrupt", 600, 16, par, 30);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* kill -9 of stage 1 of 3 mid-training (chunks per stage; with 2 the
  * pipeline loops, stage 2 handing on to stage 0): stages 0 and 2 stop with
  * errors naming it, tessera-run restarts all three from the last
@@ -431,6 +442,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_checkpoint_cuts), cmocka_unit_test(test_mpirun_2), cmocka_unit_test(test_mpirun_interleaved),
         cmocka_unit_test(test_kill_stage), cmocka_unit_test(test_kill_stage_interleaved), cmocka_unit_test(test_epochs),
         cmocka_unit_test(test_timeline_resume),
+        cmocka_unit_test(test_interrupt),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

@@ -456,6 +456,17 @@ static void test_resume(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Ctrl-C of tessera-run: the sync workers vote the stop into a step's
+ * commit, so every one of them stops after it, and the shards and the
+ * leader save it; resumed, the job logs the losses of a run never
+ * stopped. */
+static void test_interrupt(void **state) {
+    (void)state;
+    th_interrupt_resume("ps-interrupt", 600, 16,
+                        "\"strategy\": \"ps\", \"workers\": 2, \"servers\": 2, \"consistency\": \"sync\"", 30);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* Under mpirun (1 scheduler, 1 ps, 2 workers, each an MPI process): the
  * same sync job, ending with a checkpoint that evaluates. */
 static void test_mpirun(void **state) {
@@ -483,6 +494,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_kill_shard),
         cmocka_unit_test(test_kill_primary),    cmocka_unit_test(test_kill_primary_twice),
         cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_mpirun),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);

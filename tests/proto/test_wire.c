@@ -61,6 +61,7 @@ static void sample(ts_proto_msg *m, uint32_t t) {
     case TS_MSG_BARRIER_RELEASE: m->barrier_id = 41; break;
     case TS_MSG_ERROR:
     case TS_MSG_SHUTDOWN:
+    case TS_MSG_STOP:
         m->code = TS_PROTO_E_BARRIER_TIMEOUT;
         strcpy(m->reason, "rank 3 finished step 182 but did not reach barrier 183");
         break;
@@ -197,6 +198,7 @@ static void assert_same(const ts_proto_msg *a, const ts_proto_msg *b) {
         break;
     case TS_MSG_ERROR:
     case TS_MSG_SHUTDOWN:
+    case TS_MSG_STOP:
         assert_int_equal(a->code, b->code);
         assert_string_equal(a->reason, b->reason);
         break;

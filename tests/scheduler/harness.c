@@ -114,6 +114,10 @@ int th_stop(th_sched *s)
 {
     int code = 0;
     if (s->pid > 0) {
+        /* the first SIGTERM asks the workers to stop; the members of a
+         * test never answer, so a second one shuts the job down */
+        kill(s->pid, SIGTERM);
+        usleep(200 * 1000);
         kill(s->pid, SIGTERM);
         code = th_wait_exit(s, 5000);
     }

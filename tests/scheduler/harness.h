@@ -30,7 +30,8 @@ void th_start(th_sched *s, ...);
  * (-1 when it did not exit, then it is killed). */
 int th_wait_exit(th_sched *s, int timeout_ms);
 
-/* SIGTERM, then th_wait_exit(5000); removes the job directory. */
+/* SIGTERM twice (the second shuts down a job whose workers were asked to
+ * stop), then th_wait_exit(5000); removes the job directory. */
 int th_stop(th_sched *s);
 
 /* Joins as role (TS_ROLE_PS / TS_ROLE_WORKER); NULL on failure. */

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <signal.h>
 
 #include <cmocka.h>
 
@@ -246,6 +247,79 @@ static void job_ends_when_workers_finish(void **state)
     th_stop(&s);
 }
 
+/* Waits up to timeout_ms for m's shutdown; its code, reason into why. */
+static int wait_shutdown(ts_member *m, char *why, size_t cap, int timeout_ms)
+{
+    int code = -1;
+    long long deadline = th_now_ms() + timeout_ms;
+    while (!ts_member_shutdown_requested(m, &code, why, cap) && th_now_ms() < deadline)
+        usleep(10000);
+    return code;
+}
+
+/* SIGTERM while workers train: each gets STOP, a worker may not join, a
+ * stopped worker holds up no barrier of the others, and the job ends (exit
+ * 0) once every live worker sent STOPPED, naming their step. */
+static void signal_stops_workers_together(void **state)
+{
+    (void)state;
+    th_sched s;
+    th_start(&s, "--min-workers", "2", "--max-workers", "3", "--servers", "1", "--steps", "100", NULL);
+    ts_proto_role roles[3] = {TS_ROLE_PS, TS_ROLE_WORKER, TS_ROLE_WORKER};
+    ts_member *m[3];
+    th_join_many(&s, roles, 3, m);
+    for (int step = 1; step <= 4; step++) {
+        assert_int_equal(ts_member_step_done(m[1], step), TS_OK);
+        assert_int_equal(ts_member_step_done(m[2], step), TS_OK);
+    }
+    kill(s.pid, SIGTERM);
+    long long deadline = th_now_ms() + 3000;
+    char why[256];
+    while (!(ts_member_stop_asked(m[1], why, sizeof why) && ts_member_stop_asked(m[2], NULL, 0)) &&
+           th_now_ms() < deadline)
+        usleep(10000);
+    assert_true(ts_member_stop_asked(m[2], NULL, 0));
+    assert_non_null(strstr(why, "SIGTERM"));
+    assert_false(ts_member_stop_asked(m[0], NULL, 0)); /* servers are not asked */
+    assert_null(th_join(&s, TS_ROLE_WORKER, -1, 3000));
+    assert_non_null(strstr(ts_last_error(), "is stopping"));
+
+    assert_int_equal(ts_member_stopped(m[1], 5), TS_OK);
+    assert_int_equal(ts_member_barrier(m[2], 5, 3000), TS_OK); /* not held by the stopped worker */
+    assert_false(ts_member_shutdown_requested(m[2], NULL, NULL, 0)); /* still waiting for m[2] */
+    assert_int_equal(ts_member_stopped(m[2], 5), TS_OK);
+    assert_int_equal(th_wait_exit(&s, 5000), 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(wait_shutdown(m[i], why, sizeof why, 2000), 0);
+        assert_non_null(strstr(why, "job stopped by SIGTERM after step 5"));
+        ts_member_close(m[i]);
+    }
+    th_stop(&s);
+}
+
+/* A second SIGTERM shuts the job down although the workers did not stop. */
+static void second_signal_shuts_down(void **state)
+{
+    (void)state;
+    th_sched s;
+    th_start(&s, "--min-workers", "1", "--steps", "100", NULL);
+    ts_member *m = th_join(&s, TS_ROLE_WORKER, -1, 5000);
+    assert_non_null(m);
+    kill(s.pid, SIGTERM);
+    long long deadline = th_now_ms() + 3000;
+    while (!ts_member_stop_asked(m, NULL, 0) && th_now_ms() < deadline)
+        usleep(10000);
+    assert_true(ts_member_stop_asked(m, NULL, 0));
+    kill(s.pid, SIGTERM);
+    assert_int_equal(th_wait_exit(&s, 5000), 0);
+    char why[256];
+    assert_int_equal(wait_shutdown(m, why, sizeof why, 2000), 0);
+    assert_non_null(strstr(why, "second SIGTERM"));
+    ts_member_close(m);
+    th_stop(&s);
+}
+
+
 static void rendezvous_times_out(void **state)
 {
     (void)state;
@@ -336,6 +410,8 @@ int main(void)
         cmocka_unit_test(silent_member_declared_dead_then_rejoins),
         cmocka_unit_test(elastic_join_waits_for_step_boundary),
         cmocka_unit_test(job_ends_when_workers_finish),
+        cmocka_unit_test(signal_stops_workers_together),
+        cmocka_unit_test(second_signal_shuts_down),
         cmocka_unit_test(rendezvous_times_out),
         cmocka_unit_test(last_call_gathers_late_worker),
         cmocka_unit_test(last_call_runs_out),
