@@ -666,7 +666,7 @@ int ts_cluster_run(const ts_cluster_opts *o) {
         code = cl->exit_code;
     } else if (cl->interrupted) {
         draw_chart(cl->run_dir);
-        fprintf(stderr, "[run] job %s interrupted by %s: every worker stopped after the same step and saved it "
+        fprintf(stderr, "[run] job %s interrupted by %s: its workers stopped and saved a checkpoint "
                         "(run folder %s; go on with --resume --run-dir %s)\n",
                 o->job.name, signal_name(cl->interrupted), cl->run_dir, cl->run_dir);
         code = 128 + cl->interrupted;

@@ -90,7 +90,7 @@ void sched_stop_check(ts_sched *s)
     if (!s->stop_signal || s->stopping)
         return;
     size_t live = 0, stopped = 0;
-    int64_t step = -1;
+    int64_t first = -1, last = -1; /* the steps they stopped after */
     char missing[256] = "";
     size_t o = 0;
     for (size_t i = 0; i < s->nnodes; i++) {
@@ -99,17 +99,22 @@ void sched_stop_check(ts_sched *s)
             continue;
         live++;
         if (n->stopped) {
-            stopped++;
-            if (n->last_step > step)
-                step = n->last_step;
+            if (!stopped++ || n->last_step < first)
+                first = n->last_step;
+            if (n->last_step > last)
+                last = n->last_step;
         } else if (o + 16 < sizeof missing) {
             o += (size_t)snprintf(missing + o, sizeof missing - o, "%s%d", o ? ", " : "", n->rank);
         }
     }
     char reason[TS_PROTO_REASON_MAX + 1];
-    if (stopped == live) {
+    if (stopped == live && first == last) {
         snprintf(reason, sizeof reason, "job stopped by %s after step %lld", signal_name(s->stop_signal),
-                 (long long)step);
+                 (long long)last);
+        sched_shutdown(s, 0, reason);
+    } else if (stopped == live) { /* async workers, each at its own step */
+        snprintf(reason, sizeof reason, "job stopped by %s after steps %lld..%lld", signal_name(s->stop_signal),
+                 (long long)first, (long long)last);
         sched_shutdown(s, 0, reason);
     } else if (sched_now_ms(s) > s->stop_deadline_ms) {
         snprintf(reason, sizeof reason, "job stopped by %s: worker ranks %s did not stop within %d ms",

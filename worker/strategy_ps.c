@@ -197,7 +197,8 @@ static ts_status compute(ps_strategy *d, double *loss, int64_t *samples) {
     double out[TS_DECIDED_VALUES];
     st = ts_ps_client_commit(d->c, v, d->sync, out);
     if (st) return st;
-    d->base.stop_agreed = out[TS_DECIDED_STOP] > 0; /* async: this worker's own vote */
+    /* sync: the step's workers' votes; async: this worker's own */
+    d->base.stop_agreed = d->sync ? out[TS_DECIDED_STOP] > 0 : v[TS_COMMIT_STOP] > 0;
     if (!d->sync) {
         d->sq_norm = own;
         return ts_ps_client_pull(d->c, t->step + 1); /* the next step's parameters, fetched meanwhile */

@@ -410,7 +410,7 @@ void th_interrupt_resume(const char *name, int steps, int batch, const char *par
     if (th_wait_for(&run, needle, 120000) != 0) th_dump(&run, "the job did not reach the step to interrupt");
     kill(run.pid, SIGINT);
     if (th_wait(&run, 60000) != 128 + SIGINT) th_dump(&run, "tessera-run did not exit 128 + SIGINT");
-    if (th_count(&run, "every worker stopped after the same step") != 1) th_dump(&run, "the job did not stop as one");
+    if (th_count(&run, "its workers stopped and saved a checkpoint") != 1) th_dump(&run, "the job did not stop");
     char *out = th_output(&run);
     const char *said = strstr(out, "job stopped by SIGINT after step ");
     int stopped = said ? atoi(said + strlen("job stopped by SIGINT after step ")) : -1;
