@@ -228,13 +228,33 @@ static void scheduler_ready(cluster *cl, const char *endpoint) {
         spawn_node(cl, &cl->workers[i]);
 }
 
+/* The scheduler declared ROLE rank dead ("dead ps 1"): a stopped process
+ * of that rank (SIGSTOP) is out of the job for good and would hold its
+ * place until the end; it is killed, so that it restarts like one that
+ * died. (A restarted process of the rank, already running, is not
+ * stopped.) */
+static void end_declared_dead(cluster *cl, const char *role, int rank) {
+    for (ts_child *c = cl->super.children; c; c = c->next) {
+        if (c->role == TS_ROLE_SCHEDULER || c->rank != rank || strcmp(ts_proto_role_name(c->role), role) != 0 ||
+            !ts_super_stopped(c))
+            continue;
+        fprintf(stderr, "[run] the scheduler declared %s %d dead and its process %d is stopped: killing it\n", role,
+                rank, c->proc.pid);
+        ts_super_signal(c, SIGKILL);
+    }
+}
+
 static int on_line(ts_child *c, const char *line) {
     cluster *cl = c->super->user;
     slot *sl = c->user;
     if (c->role == TS_ROLE_SCHEDULER) {
+        char role[16];
+        int rank;
         if (cl->addr[0] == '\0' && cl->phase == PHASE_STARTING &&
             strncmp(line, "listening ", 10) == 0)
             scheduler_ready(cl, line + 10);
+        else if (sscanf(line, "dead %15s %d", role, &rank) == 2)
+            end_declared_dead(cl, role, rank);
     } else if (sl) {
         int rank;
         if (sscanf(line, "joined rank=%d", &rank) == 1 && rank >= 0) {

@@ -235,6 +235,19 @@ void ts_super_signal(ts_child *c, int signum) {
         kill(pid, SIGCONT);
 }
 
+int ts_super_stopped(const ts_child *c) {
+    if (!c->running) return 0;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)c->proc.pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *end = strrchr(buf, ')'); /* the command name may hold spaces */
+    return end && (end[2] == 'T' || end[2] == 't');
+}
+
 void ts_super_stop(ts_super *s, int signum, unsigned grace_ms) {
     if (s->stopping) return;
     s->stopping = 1;

@@ -101,6 +101,10 @@ int ts_super_live(const ts_super *s);
  * child can act on it). */
 void ts_super_signal(ts_child *c, int signum);
 
+/* True when child c runs but is stopped (SIGSTOP, SIGTSTP: state T in
+ * /proc/PID/stat). */
+int ts_super_stopped(const ts_child *c);
+
 /* Stops every child: signum (SIGTERM, or the SIGINT tessera-run got) now,
  * SIGKILL to any still running after grace_ms. Idempotent. */
 void ts_super_stop(ts_super *s, int signum, unsigned grace_ms);

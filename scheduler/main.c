@@ -1,5 +1,6 @@
 /* main.c - tessera-scheduler: parses the flags, binds, prints the endpoint
  * as the first stdout line and runs the job's scheduler loop. */
+#include <signal.h>
 #include <stdio.h>
 
 #include "scheduler/log.h"
@@ -22,6 +23,9 @@ int main(int argc, char **argv)
         ts_sched_log(TS_SCHED_ERROR, "%s", ts_last_error());
         return 1;
     }
+    /* stdout's reader may go after the first line: the later lines ("dead
+     * ps 1") are then lost, not the scheduler */
+    signal(SIGPIPE, SIG_IGN);
     printf("listening %s\n", ts_sched_endpoint(s));
     fflush(stdout);
     int code = ts_sched_run(s);

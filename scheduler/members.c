@@ -368,9 +368,15 @@ void sched_on_step_done(ts_sched *s, sched_node *n, const ts_proto_msg *m)
     sched_advance(s);
 }
 
-/* Takes a member out of the job (dead or departed) and starts the change. */
+/* Takes a member out of the job (dead or departed) and starts the change.
+ * A dead one is also named on stdout ("dead ps 1"): its process may still
+ * run, stopped, and a supervisor (tessera-run) ends it. */
 static void remove_member(ts_sched *s, sched_node *n, sched_node_state st)
 {
+    if (st == NODE_DEAD) {
+        printf("dead %s %d\n", ts_proto_role_name(n->role), n->rank);
+        fflush(stdout);
+    }
     n->state = st;
     if (n->role == TS_ROLE_WORKER && s->cfg.steps > 0 && n->last_step >= s->cfg.steps)
         s->worker_completed = true;

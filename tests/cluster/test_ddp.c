@@ -6,7 +6,8 @@
  * world its ranks make), and resumed under mpirun; a worker killed -9 in
  * the middle of training is named, the others redo the step at the new
  * world size and finish with a checkpoint that evaluates; a worker joined
- * mid-run trains in step. Run one scenario by name: cluster_test_ddp <name>. */
+ * mid-run trains in step; Ctrl-C stops both workers after the same step,
+ * saved. Run one scenario by name: cluster_test_ddp <name>. */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>

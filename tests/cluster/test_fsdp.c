@@ -12,8 +12,9 @@
  * fine-tuning run that kept no checkpoint starts again from its
  * model.init_from after a death, and a run resumed from a local run's
  * checkpoint reloads that one; a
- * worker that joins gets its shards from the others. Run one scenario by
- * name: cluster_test_fsdp test_<name>. */
+ * worker that joins gets its shards from the others; Ctrl-C stops every
+ * worker after the same step, saved. Run one scenario by name:
+ * cluster_test_fsdp test_<name>. */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>

@@ -15,7 +15,8 @@
  * stage killed -9 (plain and interleaved) stops every other stage with an
  * error naming it, and tessera-run restarts the pipeline from its
  * checkpoint and
- * finishes. Run one scenario by name: cluster_test_pipeline test_<name>. */
+ * finishes; Ctrl-C stops every stage after the same step, saved. Run one
+ * scenario by name: cluster_test_pipeline test_<name>. */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>

@@ -7,14 +7,16 @@
  * the GPT: bf16 compute, against the local run's micro-batches).
  * Async and bounded (staleness 2) reach the local run's test accuracy
  * within one point. Elastic and failures: a worker joins, a worker is
- * killed, a shard without a replica is killed and restarted from its
- * checkpoint (the job rolls back and replays), a primary with a backup is
+ * killed, a shard without a replica is killed (or stopped, and killed by
+ * tessera-run once declared dead) and restarted from its checkpoint (the
+ * job rolls back and replays), a primary with a backup is
  * killed (nothing is lost: the losses are those of an undisturbed run),
  * and killed again once its restart took the state of the one promoted;
  * each ends with a checkpoint that evaluates to the expected accuracy. A
  * job resumed from its checkpoints goes on as if it never stopped; its
  * workers' checkpoint, which holds no optimizer state, evaluates but does
- * not resume a run of another strategy.
+ * not resume a run of another strategy. Ctrl-C stops every worker after
+ * the same step, saved.
  * Run one test by name: cluster_test_ps <name>.
  */
 #include <setjmp.h>
@@ -276,13 +278,14 @@ static void test_join(void **state) {
  * step in flight is computed again by the others, the next worker leads
  * (log, metrics, checkpoints) and the job finishes; and of a worker of a
  * bounded-staleness job. */
-/* Waits until the leader (worker 2) took a step with all three workers
- * (it says "world size 2 -> 3" when it joined a group of two): only then
- * is a kill a change from 3 to 2 that it sees. A worker killed before the
- * others stepped with it (under bounded staleness they wait for its first
- * push) leaves them at 2. */
+/* Waits until the leader (worker 2) took a step with all three workers:
+ * all three were in before the first step (the scheduler's generation "at
+ * step -1" holds 3 workers), or the leader said "world size 2 -> 3" when
+ * the third came later. Only then is a kill a change from 3 to 2 that it
+ * sees. A worker killed before the others stepped with it (under bounded
+ * staleness they wait for its first push) leaves them at 2. */
 static void wait_three_seen(const th_proc *p) {
-    if (th_count(p, "[worker 2] joined rank=2 generation=1 world=2 ") > 0 &&
+    if (th_count(p, "at step -1: 2 servers, 3 workers") == 0 &&
         th_wait_for(p, "world size 2 -> 3 workers", 30000) != 0)
         th_dump(p, "the leader never stepped with the third worker");
 }
@@ -335,29 +338,42 @@ static void test_kill_worker(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
-/* kill -9 of a shard without a replica: tessera-run restarts it from its
- * checkpoint, the workers take every shard back to that step and replay
- * the steps since, each logged once in metrics.jsonl; the losses end up
- * those of an undisturbed run. */
-static void test_kill_shard(void **state) {
-    (void)state;
-    const char *job = elastic_job("kills", 240, "\"workers\": 2, \"max_restarts\": 1");
-    const char *run = th_path("run-kills");
-    th_proc p = start_run("kills", job, run, "train.checkpoint_every=25", NULL);
+/* Shard 1 (no replica) lost to signal sig after step 60: tessera-run
+ * restarts it from its checkpoint, the workers take every shard back to
+ * that step and replay the steps since, each logged once in
+ * metrics.jsonl; the losses end up those of an undisturbed run. A stopped
+ * shard (SIGSTOP) is killed once the scheduler declares it dead. */
+static void lose_shard(const char *name, int sig) {
+    const char *job = elastic_job(name, 240, "\"workers\": 2, \"max_restarts\": 1");
+    char run[64], quiet_run[64];
+    snprintf(run, sizeof run, "run-%s", name);
+    snprintf(quiet_run, sizeof quiet_run, "run-%s-quiet", name);
+    th_proc p = start_run(name, job, th_path(run), "train.checkpoint_every=25", NULL);
     th_expect_output(&p, "step 60/240", 30000);
     pid_t victim = pid_of(&p, "ps", 1);
     assert_true(victim > 0);
-    kill(victim, SIGKILL);
+    kill(victim, sig);
+    if (sig == SIGSTOP) th_expect_output(&p, "[run] the scheduler declared ps 1 dead and its process ", 10000);
     th_expect_output(&p, "[run] ps 1 exited with signal 9; restarting it (restart 1 of 1)", 10000);
     th_expect_output(&p, "shard 1: restored from its checkpoint of step ", 20000);
     th_expect_output(&p, "and replays ", 20000);
     finish_run(&p, 120000);
-    th_proc quiet = start_run("kills-quiet", job, th_path("run-quiet"), "train.checkpoint_every=25", NULL);
+    th_proc quiet = start_run(quiet_run, job, th_path(quiet_run), "train.checkpoint_every=25", NULL);
     finish_run(&quiet, 120000);
-    same_losses(run, th_path("run-quiet"), 240, 0);
-    th_expect_steps_once(run, 240);
-    expect_accuracy(run, 240);
+    same_losses(th_path(run), th_path(quiet_run), 240, 0);
+    th_expect_steps_once(th_path(run), 240);
+    expect_accuracy(th_path(run), 240);
     assert_int_equal(th_leftovers(), 0);
+}
+
+static void test_kill_shard(void **state) {
+    (void)state;
+    lose_shard("kills", SIGKILL);
+}
+
+static void test_stop_shard(void **state) {
+    (void)state;
+    lose_shard("stops", SIGSTOP);
 }
 
 /* kill -9 of a primary with ps_replicas 2: its backup is promoted, the
@@ -491,7 +507,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equivalence_mlp), cmocka_unit_test(test_equivalence_gpt),
         cmocka_unit_test(test_async_bounded),   cmocka_unit_test(test_join),
-        cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_kill_shard),
+        cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_kill_shard), cmocka_unit_test(test_stop_shard),
         cmocka_unit_test(test_kill_primary),    cmocka_unit_test(test_kill_primary_twice),
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_interrupt),
