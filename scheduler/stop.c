@@ -108,7 +108,10 @@ void sched_stop_check(ts_sched *s)
         }
     }
     char reason[TS_PROTO_REASON_MAX + 1];
-    if (stopped == live && first == last) {
+    if (live == 0) { /* they left (each stopped by a signal of its own) or died */
+        snprintf(reason, sizeof reason, "job stopped by %s: no worker is left", signal_name(s->stop_signal));
+        sched_shutdown(s, 0, reason);
+    } else if (stopped == live && first == last) {
         snprintf(reason, sizeof reason, "job stopped by %s after step %lld", signal_name(s->stop_signal),
                  (long long)last);
         sched_shutdown(s, 0, reason);

@@ -320,6 +320,31 @@ static void second_signal_shuts_down(void **state)
 }
 
 
+/* Asked to stop, the only worker leaves instead (a signal of its own, as
+ * mpirun sends every rank): the job ends at once, saying no worker is
+ * left. */
+static void stop_ends_when_workers_leave(void **state)
+{
+    (void)state;
+    th_sched s;
+    th_start(&s, "--min-workers", "1", "--servers", "1", "--steps", "100", NULL);
+    ts_proto_role roles[2] = {TS_ROLE_PS, TS_ROLE_WORKER};
+    ts_member *m[2];
+    th_join_many(&s, roles, 2, m);
+    kill(s.pid, SIGTERM);
+    long long deadline = th_now_ms() + 3000;
+    while (!ts_member_stop_asked(m[1], NULL, 0) && th_now_ms() < deadline)
+        usleep(10000);
+    assert_true(ts_member_stop_asked(m[1], NULL, 0));
+    ts_member_leave(m[1], "stopped by a signal");
+    assert_int_equal(th_wait_exit(&s, 5000), 0);
+    char why[256];
+    assert_int_equal(wait_shutdown(m[0], why, sizeof why, 2000), 0);
+    assert_non_null(strstr(why, "no worker is left"));
+    ts_member_close(m[0]);
+    th_stop(&s);
+}
+
 static void rendezvous_times_out(void **state)
 {
     (void)state;
@@ -412,6 +437,7 @@ int main(void)
         cmocka_unit_test(job_ends_when_workers_finish),
         cmocka_unit_test(signal_stops_workers_together),
         cmocka_unit_test(second_signal_shuts_down),
+        cmocka_unit_test(stop_ends_when_workers_leave),
         cmocka_unit_test(rendezvous_times_out),
         cmocka_unit_test(last_call_gathers_late_worker),
         cmocka_unit_test(last_call_runs_out),
