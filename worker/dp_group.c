@@ -147,9 +147,23 @@ ts_status ts_dp_group_meet(ts_dp_group *g, ts_comm_kind kind, const void *send, 
     return ts_dp_group_run(g, &op);
 }
 
-ts_status ts_dp_group_meet_host(ts_dp_group *g, ts_comm_kind kind, void *v, int64_t count, ts_dtype dt) {
-    ts_comm_op op = meet_op(g, kind, v, v, count, dt);
-    return ts_dp_group_run_host(g, &op);
+/* The rank furthest on: a maximum over every rank's (step, reversed rank). */
+ts_status ts_dp_group_furthest(ts_dp_group *g, int *root) {
+    int world = g->s->group.world;
+    /* exact in f64 below 2^53 */
+    double key = (double)g->s->trainer->step * world + (world - 1 - g->s->group.rank);
+    ts_comm_op op = meet_op(g, TS_COMM_ALLREDUCE, &key, &key, 1, TS_F64);
+    op.op = TS_REDUCE_MAX;
+    ts_status st = ts_dp_group_run_host(g, &op);
+    if (!st) *root = world - 1 - (int)((int64_t)key % world);
+    return st;
+}
+
+/* A regroup's broadcast from root, staged or not. */
+ts_status ts_dp_group_broadcast(ts_dp_group *g, int root, void *buf, int64_t count, ts_dtype dt, bool host) {
+    ts_comm_op op = meet_op(g, TS_COMM_BROADCAST, buf, buf, count, dt);
+    op.peer = root;
+    return host ? ts_dp_group_run_host(g, &op) : ts_dp_group_run(g, &op);
 }
 
 static int by_rank(const void *a, const void *b) {

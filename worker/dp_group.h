@@ -6,7 +6,8 @@
  * mpirun (one generation). When the scheduler announces a new generation
  * (a join, a death, a departure) the strategy abandons what is in flight,
  * starts the pending generation's communicator and brings its ranks to one
- * state (its own business: DDP broadcasts rank 0's, FSDP moves shards). A
+ * state (its own business: DDP broadcasts the state of the rank furthest on,
+ * FSDP moves shards). A
  * wait on the communicator looks for a new generation while it waits and
  * abandons the operation when one came, so no rank sits out a timeout in a
  * generation the others left.
@@ -16,7 +17,7 @@
  * device buffers; the few host values of a collective (a regroup's header
  * and vote, a step's loss and samples, an evaluation's sums) go through a
  * small device buffer of the group's (ts_dp_group_run_host,
- * ts_dp_group_meet_host), as NCCL reads device memory only.
+ * ts_dp_group_broadcast), as NCCL reads device memory only.
  * Under mpirun a model on a GPU is refused (there is no ring port to
  * bootstrap NCCL over).
  */
@@ -108,9 +109,16 @@ ts_status ts_dp_group_sums(ts_dp_group *g, double *v, int n);
 ts_status ts_dp_group_meet(ts_dp_group *g, ts_comm_kind kind, const void *send, void *recv, int64_t count,
                            ts_dtype dt);
 
-/* ts_dp_group_meet over count host values v, in place (staged as in
- * ts_dp_group_run_host). */
-ts_status ts_dp_group_meet_host(ts_dp_group *g, ts_comm_kind kind, void *v, int64_t count, ts_dtype dt);
+/* The group rank a new generation takes its state from: the one whose
+ * trainer is furthest on (the most steps), the lowest of those. A
+ * restarted or new process may hold a low rank (its previous one) but has
+ * trained nothing yet. */
+ts_status ts_dp_group_furthest(ts_dp_group *g, int *root);
+
+/* A regroup's broadcast of count elements of buf from group rank root,
+ * in place: host values staged as in ts_dp_group_run_host when host,
+ * else as ts_dp_group_meet. */
+ts_status ts_dp_group_broadcast(ts_dp_group *g, int root, void *buf, int64_t count, ts_dtype dt, bool host);
 
 /* The data position a new generation starts from: the step in flight's
  * start, or the loader's. */

@@ -13,10 +13,12 @@
  * The group (dp_group.h) is one communicator per generation. When the
  * scheduler announces a new one (a join, a death, a departure), every
  * worker abandons the step in flight, builds the new ring, and takes the
- * state of the new rank 0 - parameters, optimizer state, step and data
- * position - so that all agree again: a worker either applied the whole
- * averaged gradient of a step or nothing of it, and rank 0's state is the
- * one everybody continues from. A collective that fails (a peer died or
+ * state of the rank furthest on (the most steps; the lowest rank of those)
+ * - parameters, optimizer state, step and data position - so that all
+ * agree again: a worker either applied the whole averaged gradient of a
+ * step or nothing of it, and that state is the one everybody continues
+ * from. (Not rank 0's: a restarted worker gets its previous rank back,
+ * maybe 0, with nothing trained.) A collective that fails (a peer died or
  * went silent, named within the heartbeat timeout) leads to the same: the
  * worker waits for the scheduler's next generation and redoes the step at
  * the new world size.
@@ -42,13 +44,13 @@ typedef struct {
 /* ---- generations ---- */
 
 /* Step, total steps and data position of the state a generation starts
- * from: rank 0's, as of its last applied step. */
+ * from: the furthest rank's, as of its last applied step. */
 typedef struct {
     int64_t step, total_steps, epoch, offset;
 } sync_header;
 
-/* Makes every rank take rank 0's parameters, optimizer state, step, total
- * and data position (hooks.agree). */
+/* Makes every rank take the parameters, optimizer state, step, total and
+ * data position of the rank furthest on (hooks.agree). */
 static ts_status sync_state(ts_strategy *s) {
     ddp_strategy *d = (ddp_strategy *)s;
     ts_trainer *t = s->trainer;
@@ -56,12 +58,14 @@ static ts_status sync_state(ts_strategy *s) {
     ts_loader_pos pos = ts_dp_group_position(&d->g);
     sync_header h = {t->step, t->total_steps, pos.epoch, pos.offset};
     float *p = ts_f32(m->flat_params);
-    ts_status st = ts_dp_group_meet_host(&d->g, TS_COMM_BROADCAST, &h, 4, TS_I64);
-    if (!st) st = ts_dp_group_meet(&d->g, TS_COMM_BROADCAST, p, p, m->numel, TS_F32);
+    int root = 0;
+    ts_status st = ts_dp_group_furthest(&d->g, &root);
+    if (!st) st = ts_dp_group_broadcast(&d->g, root, &h, 4, TS_I64, true);
+    if (!st) st = ts_dp_group_broadcast(&d->g, root, p, m->numel, TS_F32, false);
     if (!st && m->n_state)
-        st = ts_dp_group_meet(&d->g, TS_COMM_BROADCAST, m->state, m->state, (int64_t)m->n_state * m->numel, TS_F32);
-    /* rank 0 is done as soon as it has sent: all leave together, so that the
-     * next step's collectives start even */
+        st = ts_dp_group_broadcast(&d->g, root, m->state, (int64_t)m->n_state * m->numel, TS_F32, false);
+    /* the root is done as soon as it has sent: all leave together, so that
+     * the next step's collectives start even */
     if (!st) st = ts_dp_group_meet(&d->g, TS_COMM_BARRIER, NULL, NULL, 0, TS_U8);
     if (st) return st;
     t->step = h.step;

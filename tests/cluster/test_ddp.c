@@ -6,7 +6,8 @@
  * world its ranks make), and resumed under mpirun; a worker killed -9 in
  * the middle of training is named, the others redo the step at the new
  * world size and finish with a checkpoint that evaluates; a worker joined
- * mid-run trains in step; Ctrl-C stops both workers after the same step,
+ * mid-run trains in step; a stopped leader, killed and restarted, takes
+ * the others' state; Ctrl-C stops both workers after the same step,
  * saved. Run one scenario by name: cluster_test_ddp <name>. */
 #include <math.h>
 #include <setjmp.h>
@@ -204,6 +205,20 @@ static void test_epochs(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* The final checkpoint (step `steps`) of the run in dir evaluates above 75%. */
+static void expect_final_accuracy(const char *tag, const char *dir, int steps) {
+    char ckpt[4300];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-%d", dir, steps);
+    const char *eargv[] = {"tessera-run", "--eval", ckpt, NULL};
+    th_proc ev = th_start(tag, eargv);
+    if (th_wait(&ev, 60000) != 0) dump(&ev, "--eval of the final checkpoint failed");
+    char *text = th_output(&ev);
+    const char *a = strstr(text, "accuracy ");
+    double acc = a ? atof(a + 9) : 0;
+    free(text);
+    if (acc < 75) dump(&ev, "the final checkpoint evaluates below 75%");
+}
+
 /* kill -9 of one of 4 workers mid-training: the survivors name it, redo the
  * step with 3 and finish; the final checkpoint evaluates. */
 static void test_kill_worker(void **state) {
@@ -213,7 +228,7 @@ static void test_kill_worker(void **state) {
      * steps (about 5 s) once ended before two late workers had joined,
      * beside the mpirun tests */
     enum { KILL_STEPS = 4000 };
-    char at_20[32], ckpt[4300];
+    char at_20[32];
     snprintf(at_20, sizeof at_20, "step 20/%d", KILL_STEPS);
     const char *job = job_file("ddp-kill", "mlp", KILL_STEPS, 32, "ddp", 4, "\"min_workers\": 2");
     const char *dir = th_path("ddp-kill");
@@ -229,15 +244,37 @@ static void test_kill_worker(void **state) {
     if (th_wait_for(&run, "world size 4 -> 3 workers", 10000) != 0) dump(&run, "no new generation of 3");
     if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0 after losing a worker");
     if (th_count(&run, "dropped") < 1) dump(&run, "no survivor named the lost connection");
-    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-%d", dir, KILL_STEPS);
-    const char *eargv[] = {"tessera-run", "--eval", ckpt, NULL};
-    th_proc ev = th_start("ddp-kill-eval", eargv);
-    if (th_wait(&ev, 60000) != 0) dump(&ev, "--eval of the final checkpoint failed");
-    char *text = th_output(&ev);
-    const char *a = strstr(text, "accuracy ");
-    double acc = a ? atof(a + 9) : 0;
-    free(text);
-    if (acc < 75) dump(&ev, "the final checkpoint evaluates below 75%");
+    expect_final_accuracy("ddp-kill-eval", dir, KILL_STEPS);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* SIGSTOP of the leader (rank 0) of 3 workers with a restart to spend:
+ * the scheduler declares it dead, tessera-run kills and restarts it, and
+ * the restarted process, which gets rank 0 back, takes the state the
+ * others trained on. Before, the group took the state of its rank 0, so
+ * the fresh process sent every worker back to the first step (the
+ * scheduler refused each step it reported again). */
+static void test_stop_leader(void **state) {
+    (void)state;
+    enum { STOP_STEPS = 4000 };
+    char at_20[32];
+    snprintf(at_20, sizeof at_20, "step 20/%d", STOP_STEPS);
+    const char *job = job_file("ddp-stop-leader", "mlp", STOP_STEPS, 32, "ddp", 3, "\"max_restarts\": 1");
+    const char *dir = th_path("ddp-stop-leader");
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
+    th_proc run = th_start("ddp-stop-leader", argv);
+    if (th_wait_count(&run, "joined rank=", 3, 60000) != 0) dump(&run, "not 3 workers joined");
+    if (th_wait_for(&run, at_20, 60000) != 0) dump(&run, "no step 20");
+    pid_t leader = -1, pid;
+    for (int i = 0; i < 3; i++)
+        if (th_joined_worker(&run, i, &pid) == 0) leader = pid;
+    assert_true(leader > 0);
+    kill(leader, SIGSTOP);
+    if (th_wait_for(&run, "is stopped: killing it", 20000) != 0) dump(&run, "the stopped leader was not killed");
+    if (th_wait_for(&run, "world size 2 -> 3 workers", 30000) != 0) dump(&run, "the restarted leader did not join");
+    if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0 after restarting the leader");
+    if (th_count(&run, "goes back") > 0) dump(&run, "the restarted leader sent the job back to its first step");
+    expect_final_accuracy("ddp-stop-leader-eval", dir, STOP_STEPS);
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -299,7 +336,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_mlp_2),    cmocka_unit_test(test_mlp_4),       cmocka_unit_test(test_gpt_2),
         cmocka_unit_test(test_epochs),   cmocka_unit_test(test_epochs_mpirun),
         cmocka_unit_test(test_gpt_4),    cmocka_unit_test(test_mpirun_2),    cmocka_unit_test(test_mpirun_resume),
-        cmocka_unit_test(test_kill_worker),
+        cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_stop_leader),
         cmocka_unit_test(test_kill_in_eval),
         cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_join),     cmocka_unit_test(test_bf16),
