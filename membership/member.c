@@ -722,6 +722,19 @@ bool ts_member_stop_asked(ts_member *m, char *reason, size_t cap)
 
 ts_status ts_member_stopped(ts_member *m, int64_t step) { return send_step(m, TS_MSG_STOPPED, step); }
 
+ts_status ts_member_ask_regroup(ts_member *m, const char *reason)
+{
+    outmsg *o = new_out(TS_MSG_REGROUP);
+    if (!o)
+        return ts_error(TS_ERR_MEMORY, "regroup: out of memory");
+    ts_proto_set_str(o->reason, sizeof o->reason, reason);
+    pthread_mutex_lock(&m->mu);
+    enqueue(m, o);
+    pthread_mutex_unlock(&m->mu);
+    wake_io(m);
+    return TS_OK;
+}
+
 /* Sends o and waits for the I/O thread to finish the request of kind k. */
 static ts_status request(ts_member *m, req_kind k, outmsg *o, int timeout_ms, const char *what,
                          void **data, size_t *size)

@@ -92,6 +92,11 @@ bool ts_member_stop_asked(ts_member *m, char *reason, size_t cap);
  * did. Does not wait. */
 ts_status ts_member_stopped(ts_member *m, int64_t step);
 
+/* Asks the scheduler for a new generation of the same members (REGROUP):
+ * a collective of this node's generation failed and none came, as when a
+ * peer paused without being declared dead. Does not wait. */
+ts_status ts_member_ask_regroup(ts_member *m, const char *reason);
+
 /* Waits until every live member of this node's role reached barrier id.
  * timeout_ms <= 0: the scheduler's barrier timeout plus a margin. Fails with
  * TS_ERR_TIMEOUT and the scheduler's text ("rank 3 finished step 182 but did

@@ -22,6 +22,7 @@ const char *ts_proto_type_name(uint32_t t) {
     case TS_MSG_BLOB_REPLY: return "blob-reply";
     case TS_MSG_STOP: return "stop";
     case TS_MSG_STOPPED: return "stopped";
+    case TS_MSG_REGROUP: return "regroup";
     case TS_MSG_PUSH: return "push";
     case TS_MSG_PULL: return "pull";
     case TS_MSG_PULL_REPLY: return "pull-reply";
@@ -41,7 +42,8 @@ const char *ts_proto_type_name(uint32_t t) {
 const uint32_t ts_proto_types[] = {
     TS_MSG_JOIN, TS_MSG_JOIN_ACK, TS_MSG_HEARTBEAT, TS_MSG_MEMBERSHIP, TS_MSG_BARRIER,
     TS_MSG_BARRIER_RELEASE, TS_MSG_STEP_DONE, TS_MSG_ERROR, TS_MSG_SHUTDOWN, TS_MSG_STATUS,
-    TS_MSG_STATUS_REPLY, TS_MSG_BLOB_PUT, TS_MSG_BLOB_GET, TS_MSG_BLOB_REPLY, TS_MSG_STOP, TS_MSG_STOPPED, TS_MSG_PUSH,
+    TS_MSG_STATUS_REPLY, TS_MSG_BLOB_PUT, TS_MSG_BLOB_GET, TS_MSG_BLOB_REPLY, TS_MSG_STOP, TS_MSG_STOPPED, TS_MSG_REGROUP,
+    TS_MSG_PUSH,
     TS_MSG_PULL, TS_MSG_PULL_REPLY, TS_MSG_COLLECTIVE, TS_MSG_ACK, TS_MSG_COMMIT,
     TS_MSG_COMMIT_REPLY, TS_MSG_APPLY, TS_MSG_REDUCE, TS_MSG_REDUCE_REPLY, TS_MSG_ROLLBACK,
     TS_MSG_SNAPSHOT,

@@ -77,6 +77,8 @@ typedef enum {
     TS_MSG_STOP = 15,        /* scheduler -> workers: stop the job after a step they agree on,
                                 save it, report STOPPED: code + reason */
     TS_MSG_STOPPED = 16,     /* worker -> scheduler: stopped after step "s", its checkpoint saved */
+    TS_MSG_REGROUP = 17,     /* worker -> scheduler: a collective of generation "g" failed and no
+                                new generation came: make one (reason) */
     /* The parallel strategies. PUSH, PULL, PULL_REPLY and ACK through
      * ROLLBACK are the parameter-server conversation (ps/README.md). */
     TS_MSG_PUSH = 32,        /* worker -> shard: gradients of step "s" for ranges "rg" */

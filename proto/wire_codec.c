@@ -150,7 +150,7 @@ static const uint8_t *type_fields(uint32_t t, size_t *n) {
     case TS_MSG_HEARTBEAT: return LIST(heartbeat);
     case TS_MSG_MEMBERSHIP: return LIST(membership);
     case TS_MSG_BARRIER: case TS_MSG_BARRIER_RELEASE: return LIST(barrier);
-    case TS_MSG_ERROR: case TS_MSG_SHUTDOWN: case TS_MSG_STOP: return LIST(coded);
+    case TS_MSG_ERROR: case TS_MSG_SHUTDOWN: case TS_MSG_STOP: case TS_MSG_REGROUP: return LIST(coded);
     case TS_MSG_STATUS_REPLY: return LIST(status_reply);
     case TS_MSG_BLOB_PUT: case TS_MSG_BLOB_GET: return LIST(blob);
     case TS_MSG_BLOB_REPLY: return LIST(blob_reply);

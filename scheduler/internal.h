@@ -124,6 +124,8 @@ size_t sched_count(const ts_sched *s, sched_node_state st, ts_proto_role role);
 void sched_on_join(ts_sched *s, const ts_proto_identity *id, const ts_proto_msg *m);
 void sched_on_step_done(ts_sched *s, sched_node *n, const ts_proto_msg *m);
 void sched_on_leave(ts_sched *s, sched_node *n, const ts_proto_msg *m);
+/* A worker's REGROUP: the next generation of the same members. */
+void sched_on_regroup(ts_sched *s, sched_node *n, const ts_proto_msg *m);
 /* Evicts the members stuck[0..n) of one role — alive, heartbeating, but
  * holding the job up past a timeout (a barrier; later a collective) — like
  * dead ones, when the job keeps its minimum of that role without them

@@ -419,6 +419,21 @@ void sched_on_leave(ts_sched *s, sched_node *n, const ts_proto_msg *m)
     sched_advance(s);
 }
 
+void sched_on_regroup(ts_sched *s, sched_node *n, const ts_proto_msg *m)
+{
+    if (n->role != TS_ROLE_WORKER) {
+        sched_reject(s, &n->id, n, TS_PROTO_E_UNEXPECTED, "REGROUP from %s rank %d: only workers regroup",
+                     ts_proto_role_name(n->role), n->rank);
+        return;
+    }
+    if (m->generation < s->generation || s->change_pending)
+        return; /* a newer generation is out, or on its way */
+    ts_sched_log(TS_SCHED_WARN, "worker rank %d asks for a new generation: %s", n->rank, m->reason);
+    s->change_pending = true;
+    s->workers_changed = true;
+    sched_advance(s);
+}
+
 void sched_check_liveness(ts_sched *s)
 {
     if (s->stopping)

@@ -137,6 +137,9 @@ static void dispatch(ts_sched *s, const ts_proto_identity *id, const ts_proto_ms
     case TS_MSG_STOPPED:
         sched_on_stopped(s, n, m);
         return;
+    case TS_MSG_REGROUP:
+        sched_on_regroup(s, n, m);
+        return;
     case TS_MSG_BARRIER:
         sched_on_barrier(s, n, m);
         return;

@@ -12,6 +12,8 @@
 
 /* How often a waiting worker looks for a new generation (ms). */
 #define LOOK_MS 20
+/* The longest tick of the scheduler's liveness check (scheduler/server.c). */
+#define REGROUP_TICK_MS 250
 
 ts_status ts_dp_group_open(ts_dp_group *g, ts_strategy *s, const char *what, const ts_strategy_options *o,
                            const ts_dp_group_hooks *hooks) {
@@ -61,11 +63,24 @@ void ts_dp_group_look(ts_dp_group *g) {
 ts_status ts_dp_group_await(ts_dp_group *g) {
     ts_member_info info;
     ts_member_info_get(g->s->member, &info);
-    double deadline = ts_clock_ms() + 2.0 * info.heartbeat_timeout_ms + info.barrier_timeout_ms;
+    double now = ts_clock_ms(), deadline = now + 2.0 * info.heartbeat_timeout_ms + info.barrier_timeout_ms;
+    /* a dead peer is declared within the heartbeat timeout (and a tick of
+     * the scheduler's); a peer that paused about that long is not, and
+     * nobody would announce the next generation: ask for it */
+    double ask_at = now + info.heartbeat_timeout_ms + info.heartbeat_ms + REGROUP_TICK_MS;
+    bool asked = false;
     while (!g->pending) {
         if (ts_member_shutdown_requested(g->s->member, NULL, NULL, 0)) {
             g->s->finished = true;
             return TS_OK;
+        }
+        if (!asked && ts_clock_ms() > ask_at) {
+            char why[128];
+            snprintf(why, sizeof why, "%s: a collective of generation %llu failed and no new generation came",
+                     g->what, (unsigned long long)g->s->group.generation);
+            ts_status st = ts_member_ask_regroup(g->s->member, why);
+            if (st) return st;
+            asked = true;
         }
         if (ts_clock_ms() > deadline)
             return ts_error(TS_ERR_TIMEOUT, "%s: no new generation from the scheduler after the collective failed",

@@ -82,8 +82,10 @@ void ts_dp_group_close(ts_dp_group *g);
 void ts_dp_group_look(ts_dp_group *g);
 
 /* Waits (up to the time the scheduler needs to declare a silent worker
- * dead, and more) for the generation after the current one; sets
- * s->finished instead when the scheduler ends the job. */
+ * dead, and more) for the generation after the current one; when none came
+ * once a dead peer would have been declared, asks the scheduler for one
+ * (ts_member_ask_regroup: a peer paused and went on). Sets s->finished
+ * instead when the scheduler ends the job. */
 ts_status ts_dp_group_await(ts_dp_group *g);
 
 /* Waits for req, looking for a new generation while it waits: one

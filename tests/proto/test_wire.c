@@ -62,6 +62,7 @@ static void sample(ts_proto_msg *m, uint32_t t) {
     case TS_MSG_ERROR:
     case TS_MSG_SHUTDOWN:
     case TS_MSG_STOP:
+    case TS_MSG_REGROUP:
         m->code = TS_PROTO_E_BARRIER_TIMEOUT;
         strcpy(m->reason, "rank 3 finished step 182 but did not reach barrier 183");
         break;
@@ -199,6 +200,7 @@ static void assert_same(const ts_proto_msg *a, const ts_proto_msg *b) {
     case TS_MSG_ERROR:
     case TS_MSG_SHUTDOWN:
     case TS_MSG_STOP:
+    case TS_MSG_REGROUP:
         assert_int_equal(a->code, b->code);
         assert_string_equal(a->reason, b->reason);
         break;

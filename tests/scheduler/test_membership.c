@@ -345,6 +345,33 @@ static void stop_ends_when_workers_leave(void **state)
     th_stop(&s);
 }
 
+/* A worker's REGROUP makes the next generation of the same members (a
+ * peer paused and went on, declared dead by nobody); a second REGROUP of
+ * the old generation changes nothing. */
+static void regroup_makes_next_generation(void **state)
+{
+    (void)state;
+    th_sched s;
+    th_start(&s, "--min-workers", "2", "--steps", "0", NULL);
+    ts_proto_role roles[2] = {TS_ROLE_WORKER, TS_ROLE_WORKER};
+    ts_member *m[2];
+    th_join_many(&s, roles, 2, m);
+    assert_int_equal(ts_member_ask_regroup(m[0], "allreduce failed"), TS_OK);
+    for (int i = 0; i < 2; i++) {
+        size_t n = 0;
+        assert_int_equal(wait_generation(m[i], 1, 5000, &n, NULL), 2);
+        assert_int_equal(n, 2);
+    }
+    assert_true(th_log_contains(&s, "asks for a new generation: allreduce failed"));
+    /* the other worker's request of generation 1 came too late: no third */
+    ts_member_info info;
+    ts_member_info_get(m[1], &info);
+    assert_int_equal(info.generation, 2);
+    for (int i = 0; i < 2; i++)
+        ts_member_close(m[i]);
+    assert_int_equal(th_stop(&s), 0);
+}
+
 static void rendezvous_times_out(void **state)
 {
     (void)state;
@@ -438,6 +465,7 @@ int main(void)
         cmocka_unit_test(signal_stops_workers_together),
         cmocka_unit_test(second_signal_shuts_down),
         cmocka_unit_test(stop_ends_when_workers_leave),
+        cmocka_unit_test(regroup_makes_next_generation),
         cmocka_unit_test(rendezvous_times_out),
         cmocka_unit_test(last_call_gathers_late_worker),
         cmocka_unit_test(last_call_runs_out),
