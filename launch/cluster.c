@@ -55,6 +55,7 @@ typedef struct {
     int resume_workers; /* workers start from the run's checkpoints (a restarted pipeline) */
     phase phase;
     int interrupted;  /* the signal the scheduler got to stop the job (0: none) */
+    int saved;        /* the scheduler said every worker stopped and saved ("stopped A B") */
     int stop_signal;  /* sent to the children when stopping */
     int exit_code;
     char reason[2048];
@@ -255,6 +256,8 @@ static int on_line(ts_child *c, const char *line) {
             scheduler_ready(cl, line + 10);
         else if (sscanf(line, "dead %15s %d", role, &rank) == 2)
             end_declared_dead(cl, role, rank);
+        else if (strncmp(line, "stopped ", 8) == 0)
+            cl->saved = 1;
     } else if (sl) {
         int rank;
         if (sscanf(line, "joined rank=%d", &rank) == 1 && rank >= 0) {
@@ -684,11 +687,16 @@ int ts_cluster_run(const ts_cluster_opts *o) {
         fprintf(stderr, "[run] job %s failed: %s (run folder %s)\n", o->job.name,
                 cl->reason, cl->run_dir);
         code = cl->exit_code;
-    } else if (cl->interrupted) {
+    } else if (cl->interrupted && cl->saved) {
         draw_chart(cl->run_dir);
         fprintf(stderr, "[run] job %s interrupted by %s: its workers stopped and saved a checkpoint "
                         "(run folder %s; go on with --resume --run-dir %s)\n",
                 o->job.name, signal_name(cl->interrupted), cl->run_dir, cl->run_dir);
+        code = 128 + cl->interrupted;
+    } else if (cl->interrupted) {
+        fprintf(stderr, "[run] job %s interrupted by %s: no worker was in the job to stop, "
+                        "nothing was saved (run folder %s)\n",
+                o->job.name, signal_name(cl->interrupted), cl->run_dir);
         code = 128 + cl->interrupted;
     } else {
         draw_chart(cl->run_dir);

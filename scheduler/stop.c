@@ -4,7 +4,9 @@
  * votes it into the sums of the step it computes next; every worker of
  * that step sees the same sum, so all of them take it as their last, save
  * a checkpoint there together and send STOPPED. Once every live worker
- * did, every node gets SHUTDOWN (code 0) and the scheduler exits. A worker
+ * did, the scheduler says so on stdout ("stopped 812 812": the first and
+ * last step they stopped after), every node gets SHUTDOWN (code 0) and the
+ * scheduler exits. A worker
  * that stopped holds up no barrier, one that dies meanwhile is not waited
  * for, and no worker joins a stopping job.
  * The workers get the heartbeat timeout plus the barrier timeout; after
@@ -111,13 +113,17 @@ void sched_stop_check(ts_sched *s)
     if (live == 0) { /* they left (each stopped by a signal of its own) or died */
         snprintf(reason, sizeof reason, "job stopped by %s: no worker is left", signal_name(s->stop_signal));
         sched_shutdown(s, 0, reason);
-    } else if (stopped == live && first == last) {
-        snprintf(reason, sizeof reason, "job stopped by %s after step %lld", signal_name(s->stop_signal),
-                 (long long)last);
-        sched_shutdown(s, 0, reason);
-    } else if (stopped == live) { /* async workers, each at its own step */
-        snprintf(reason, sizeof reason, "job stopped by %s after steps %lld..%lld", signal_name(s->stop_signal),
-                 (long long)first, (long long)last);
+        return;
+    }
+    if (stopped == live) {
+        printf("stopped %lld %lld\n", (long long)first, (long long)last);
+        fflush(stdout);
+        if (first == last)
+            snprintf(reason, sizeof reason, "job stopped by %s after step %lld", signal_name(s->stop_signal),
+                     (long long)last);
+        else /* async workers, each at its own step */
+            snprintf(reason, sizeof reason, "job stopped by %s after steps %lld..%lld",
+                     signal_name(s->stop_signal), (long long)first, (long long)last);
         sched_shutdown(s, 0, reason);
     } else if (sched_now_ms(s) > s->stop_deadline_ms) {
         snprintf(reason, sizeof reason, "job stopped by %s: worker ranks %s did not stop within %d ms",

@@ -294,6 +294,23 @@ static void test_interrupt(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Ctrl-C of tessera-run while its workers are still starting: the
+ * scheduler ends the job at once, and tessera-run says that nothing was
+ * saved rather than that the workers stopped and saved a checkpoint. */
+static void test_interrupt_rendezvous(void **state) {
+    (void)state;
+    const char *job = th_job_file("ddp-interrupt-rdv", "mlp", 600, 16, 1, "\"strategy\": \"ddp\", \"workers\": 2");
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path("ddp-interrupt-rdv"), NULL};
+    th_proc run = th_start("ddp-interrupt-rdv", argv);
+    if (th_wait_for(&run, "[run] scheduler at ", 60000) != 0) dump(&run, "the scheduler did not start");
+    kill(run.pid, SIGINT);
+    if (th_wait(&run, 60000) != 128 + SIGINT) dump(&run, "tessera-run did not exit 128 + SIGINT");
+    if (th_count(&run, "] step 1/600 ") != 0) dump(&run, "the workers joined before the signal: no rendezvous to interrupt");
+    if (th_count(&run, "saved a checkpoint (") != 0) dump(&run, "tessera-run claims a checkpoint no worker saved");
+    th_expect_output(&run, "no worker was in the job to stop, nothing was saved", 0);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* A worker joined mid-run receives the state and trains in step. */
 static void test_join(void **state) {
     (void)state;
@@ -338,7 +355,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gpt_4),    cmocka_unit_test(test_mpirun_2),    cmocka_unit_test(test_mpirun_resume),
         cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_stop_leader),
         cmocka_unit_test(test_kill_in_eval),
-        cmocka_unit_test(test_interrupt),
+        cmocka_unit_test(test_interrupt), cmocka_unit_test(test_interrupt_rendezvous),
         cmocka_unit_test(test_join),     cmocka_unit_test(test_bf16),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
