@@ -34,6 +34,7 @@ typedef struct {
     int rank;         /* rank the scheduler assigned, -1 unknown */
     ts_child *child;  /* current process, NULL when none */
     int finished;     /* exited with status 0 */
+    int joined;       /* its current process said "joined rank=" */
     int node;         /* virtual-cluster node it runs on, -1 this machine */
 } slot;
 
@@ -187,6 +188,7 @@ static void spawn_node(cluster *cl, slot *sl) {
     }
     ts_argv_free(&a);
     sl->child = c;
+    sl->joined = 0;
     if (c) {
         char on[32];
         c->user = sl;
@@ -263,6 +265,7 @@ static int on_line(ts_child *c, const char *line) {
         if (sscanf(line, "joined rank=%d", &rank) == 1 && rank >= 0) {
             char on[32];
             c->rank = sl->rank = rank;
+            sl->joined = 1;
             fprintf(stderr, "[run] %s rank %d is pid %d%s\n", ts_proto_role_name(c->role),
                     rank, c->proc.pid, where(sl, on, sizeof on));
         }
@@ -391,11 +394,12 @@ static void restart_pipeline(cluster *cl, const char *what, const char *reason) 
 }
 
 /* The job ended: a ps or worker that never joined it (one that came late,
- * on a loaded machine) has nothing to finish, and is stopped now instead
- * of after the drain. */
+ * on a loaded machine, or a restarted one that had not joined again) has
+ * nothing to finish, and is stopped now instead of after the drain. */
 static void stop_unjoined(cluster *cl) {
     for (ts_child *c = cl->super.children; c; c = c->next) {
-        if (c->role == TS_ROLE_SCHEDULER || c->rank >= 0) continue;
+        const slot *sl = c->user;
+        if (c->role == TS_ROLE_SCHEDULER || sl->joined) continue;
         char name[64];
         ts_super_name(c, name, sizeof name);
         fprintf(stderr, "[run] %s never joined the job, which has ended: stopping it\n", name);
@@ -634,10 +638,10 @@ int ts_cluster_run(const ts_cluster_opts *o) {
     cl->stop_signal = SIGTERM;
     cl->ps = slots;
     cl->workers = slots + nps;
-    cl->sched = (slot){TS_ROLE_SCHEDULER, -1, NULL, 0, -1};
-    for (int i = 0; i < nps; i++) cl->ps[i] = (slot){TS_ROLE_PS, -1, NULL, 0, -1};
+    cl->sched = (slot){.role = TS_ROLE_SCHEDULER, .rank = -1, .node = -1};
+    for (int i = 0; i < nps; i++) cl->ps[i] = (slot){.role = TS_ROLE_PS, .rank = -1, .node = -1};
     for (int i = 0; i < p->workers; i++)
-        cl->workers[i] = (slot){TS_ROLE_WORKER, -1, NULL, 0, -1};
+        cl->workers[i] = (slot){.role = TS_ROLE_WORKER, .rank = -1, .node = -1};
 
     int code = 1;
     ts_status st = prepare(cl);

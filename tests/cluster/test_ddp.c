@@ -311,6 +311,32 @@ static void test_interrupt_rendezvous(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Ctrl-C of tessera-run while a killed worker restarts (loading its data,
+ * not yet joined again): the others stop and save, and tessera-run stops
+ * the restarted worker at once rather than waiting out its drain (the
+ * barrier timeout, 30 s) for a process that has nothing to finish. */
+static void test_interrupt_restart(void **state) {
+    (void)state;
+    const char *job = job_file("ddp-interrupt-restart", "mlp", 4000, 32, "ddp", 3,
+                               "\"min_workers\": 2, \"max_restarts\": 1");
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path("ddp-interrupt-restart"), NULL};
+    th_proc run = th_start("ddp-interrupt-restart", argv);
+    if (th_wait_count(&run, "joined rank=", 3, 60000) != 0) dump(&run, "not 3 workers joined");
+    if (th_wait_for(&run, "step 20/4000", 60000) != 0) dump(&run, "no step 20");
+    pid_t victim = -1;
+    assert_true(th_joined_worker(&run, 2, &victim) >= 0);
+    kill(victim, SIGKILL);
+    if (th_wait_for(&run, ": restarted as pid ", 20000) != 0) dump(&run, "the killed worker was not restarted");
+    double t0 = th_now_ms();
+    kill(run.pid, SIGINT);
+    if (th_wait(&run, 60000) != 128 + SIGINT) dump(&run, "tessera-run did not exit 128 + SIGINT");
+    if (th_count(&run, "its workers stopped and saved a checkpoint") != 1) dump(&run, "the workers did not stop");
+    if (th_count(&run, "joined rank=") != 3) dump(&run, "the restarted worker joined before the signal");
+    th_expect_output(&run, "never joined the job, which has ended: stopping it", 0);
+    if (th_now_ms() - t0 > 20000) dump(&run, "tessera-run waited out the drain for the restarted worker");
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* A worker joined mid-run receives the state and trains in step. */
 static void test_join(void **state) {
     (void)state;
@@ -356,6 +382,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_stop_leader),
         cmocka_unit_test(test_kill_in_eval),
         cmocka_unit_test(test_interrupt), cmocka_unit_test(test_interrupt_rendezvous),
+        cmocka_unit_test(test_interrupt_restart),
         cmocka_unit_test(test_join),     cmocka_unit_test(test_bf16),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
