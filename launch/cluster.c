@@ -474,11 +474,22 @@ static void stop_expired(uv_timer_t *t) {
              signal_name(cl->interrupted), stop_ms(cl));
 }
 
+/* Whether a pipeline is still being put together: a stage process runs
+ * that has not joined (yet, or again after a restart). A stage that did
+ * cannot take a step without the others, which the stopping job refuses. */
+static int pipeline_assembling(const cluster *cl) {
+    if (cl->o->job.parallel.strategy != TS_STRATEGY_PIPELINE) return 0;
+    if (cl->regrouping) return 1;
+    for (int i = 0; i < cl->o->job.parallel.workers; i++)
+        if (cl->workers[i].child && !cl->workers[i].joined) return 1;
+    return 0;
+}
+
 /* The first signal while the job runs goes to the scheduler alone: the
  * workers stop after a step they all take and save it there
- * (scheduler/stop.c), and the scheduler ends the job. Before that, during
- * a pipeline's restart, or at a second signal every process is stopped
- * (the second: killed). */
+ * (scheduler/stop.c), and the scheduler ends the job. Before that, while
+ * a pipeline is put together (at the start or after a restart), or at a
+ * second signal every process is stopped (the second: killed). */
 static void on_signal(ts_super *s, int signum) {
     cluster *cl = s->user;
     if (cl->phase == PHASE_FAILED || s->stopping || cl->interrupted) {
@@ -487,7 +498,7 @@ static void on_signal(ts_super *s, int signum) {
         return;
     }
     cl->stop_signal = signum; /* forwarded as it came */
-    if (cl->phase == PHASE_RUNNING && cl->sched.child && !cl->regrouping) {
+    if (cl->phase == PHASE_RUNNING && cl->sched.child && !pipeline_assembling(cl)) {
         cl->interrupted = signum;
         fprintf(stderr, "[run] %s: the workers stop after a step they all take and save a checkpoint there; "
                         "a second signal kills every process\n", signal_name(signum));

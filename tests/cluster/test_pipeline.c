@@ -431,6 +431,30 @@ static void kill_stage(const char *name, int chunks) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Ctrl-C of tessera-run as the 3 stages join again after one was killed:
+ * they are stopped at once. Forwarded to the scheduler alone, the
+ * signal let the stages that had joined again wait the barrier timeout
+ * (30 s) for the ones the stopping job refused. */
+static void test_interrupt_restart(void **state) {
+    (void)state;
+    char par[512];
+    pipeline_section(par, sizeof par, 3, 1, 4, "1f1b", ", \"max_restarts\": 1");
+    const char *job = th_job_file("pipe-interrupt-restart", "mlp", 4000, 32, 1, par);
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path("pipe-interrupt-restart"), NULL};
+    th_proc run = th_start("pipe-interrupt-restart", argv);
+    if (th_wait_for(&run, "step 25/4000", 90000) != 0) th_dump(&run, "no step 25");
+    pid_t victim = worker_pid(&run, 1);
+    assert_true(victim > 0);
+    kill(victim, SIGKILL);
+    /* the first stage in again (the others are a few ms behind) */
+    if (th_wait_count(&run, "joined rank=", 4, 30000) != 0) th_dump(&run, "no stage joined again");
+    double t0 = th_now_ms();
+    kill(run.pid, SIGINT);
+    if (th_wait(&run, 60000) != 128 + SIGINT) th_dump(&run, "tessera-run did not exit 128 + SIGINT");
+    if (th_now_ms() - t0 > 10000) th_dump(&run, "the stages took more than 10 s to stop");
+    assert_int_equal(th_leftovers(), 0);
+}
+
 static void test_kill_stage(void **state) { (void)state; kill_stage("pipe-kill", 1); }
 static void test_kill_stage_interleaved(void **state) { (void)state; kill_stage("pipe-kill-il", 2); }
 
@@ -443,7 +467,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_checkpoint_cuts), cmocka_unit_test(test_mpirun_2), cmocka_unit_test(test_mpirun_interleaved),
         cmocka_unit_test(test_kill_stage), cmocka_unit_test(test_kill_stage_interleaved), cmocka_unit_test(test_epochs),
         cmocka_unit_test(test_timeline_resume),
-        cmocka_unit_test(test_interrupt),
+        cmocka_unit_test(test_interrupt), cmocka_unit_test(test_interrupt_restart),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
