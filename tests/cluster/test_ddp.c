@@ -219,24 +219,32 @@ static void expect_final_accuracy(const char *tag, const char *dir, int steps) {
     if (acc < 75) dump(&ev, "the final checkpoint evaluates below 75%");
 }
 
+/* Long enough for a worker that comes after the start (it loads its data
+ * first; two may start the job on a loaded machine) to join: 2000 steps
+ * (about 5 s) once ended before two late workers had joined, beside the
+ * mpirun tests. */
+enum { FAILURE_STEPS = 4000 };
+
+/* Starts the MLP job `name` of FAILURE_STEPS steps with `workers` ddp
+ * workers (extra spliced into "parallel") in the run folder of its name,
+ * and returns once every worker joined, whether at the start or after it,
+ * and the job took step 20. */
+static th_proc start_to_step_20(const char *name, int workers, const char *extra) {
+    char at_20[32];
+    snprintf(at_20, sizeof at_20, "step 20/%d", FAILURE_STEPS);
+    const char *job = job_file(name, "mlp", FAILURE_STEPS, 32, "ddp", workers, extra);
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path(name), NULL};
+    th_proc run = th_start(name, argv);
+    if (th_wait_count(&run, "joined rank=", workers, 60000) != 0) dump(&run, "not every worker joined");
+    if (th_wait_for(&run, at_20, 60000) != 0) dump(&run, "no step 20");
+    return run;
+}
+
 /* kill -9 of one of 4 workers mid-training: the survivors name it, redo the
  * step with 3 and finish; the final checkpoint evaluates. */
 static void test_kill_worker(void **state) {
     (void)state;
-    /* long enough for a worker that comes after the start (it loads its
-     * data first; two may start the job on a loaded machine) to join: 2000
-     * steps (about 5 s) once ended before two late workers had joined,
-     * beside the mpirun tests */
-    enum { KILL_STEPS = 4000 };
-    char at_20[32];
-    snprintf(at_20, sizeof at_20, "step 20/%d", KILL_STEPS);
-    const char *job = job_file("ddp-kill", "mlp", KILL_STEPS, 32, "ddp", 4, "\"min_workers\": 2");
-    const char *dir = th_path("ddp-kill");
-    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
-    th_proc run = th_start("ddp-kill", argv);
-    /* all four in, whether at the start or joined after it */
-    if (th_wait_count(&run, "joined rank=", 4, 60000) != 0) dump(&run, "not 4 workers joined");
-    if (th_wait_for(&run, at_20, 60000) != 0) dump(&run, "no step 20");
+    th_proc run = start_to_step_20("ddp-kill", 4, "\"min_workers\": 2");
     pid_t victim = -1;
     int rank = th_joined_worker(&run, 2, &victim);
     assert_true(rank >= 0);
@@ -244,7 +252,7 @@ static void test_kill_worker(void **state) {
     if (th_wait_for(&run, "world size 4 -> 3 workers", 10000) != 0) dump(&run, "no new generation of 3");
     if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0 after losing a worker");
     if (th_count(&run, "dropped") < 1) dump(&run, "no survivor named the lost connection");
-    expect_final_accuracy("ddp-kill-eval", dir, KILL_STEPS);
+    expect_final_accuracy("ddp-kill-eval", th_path("ddp-kill"), FAILURE_STEPS);
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -256,15 +264,7 @@ static void test_kill_worker(void **state) {
  * scheduler refused each step it reported again). */
 static void test_stop_leader(void **state) {
     (void)state;
-    enum { STOP_STEPS = 4000 };
-    char at_20[32];
-    snprintf(at_20, sizeof at_20, "step 20/%d", STOP_STEPS);
-    const char *job = job_file("ddp-stop-leader", "mlp", STOP_STEPS, 32, "ddp", 3, "\"max_restarts\": 1");
-    const char *dir = th_path("ddp-stop-leader");
-    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
-    th_proc run = th_start("ddp-stop-leader", argv);
-    if (th_wait_count(&run, "joined rank=", 3, 60000) != 0) dump(&run, "not 3 workers joined");
-    if (th_wait_for(&run, at_20, 60000) != 0) dump(&run, "no step 20");
+    th_proc run = start_to_step_20("ddp-stop-leader", 3, "\"max_restarts\": 1");
     pid_t leader = -1, pid;
     for (int i = 0; i < 3; i++)
         if (th_joined_worker(&run, i, &pid) == 0) leader = pid;
@@ -274,7 +274,7 @@ static void test_stop_leader(void **state) {
     if (th_wait_for(&run, "world size 2 -> 3 workers", 30000) != 0) dump(&run, "the restarted leader did not join");
     if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0 after restarting the leader");
     if (th_count(&run, "goes back") > 0) dump(&run, "the restarted leader sent the job back to its first step");
-    expect_final_accuracy("ddp-stop-leader-eval", dir, STOP_STEPS);
+    expect_final_accuracy("ddp-stop-leader-eval", th_path("ddp-stop-leader"), FAILURE_STEPS);
     assert_int_equal(th_leftovers(), 0);
 }
 
