@@ -218,9 +218,9 @@ static void on_message(ts_member *m, const ts_proto_msg *msg)
             m->shutdown_code = (int)msg->code;
             textf(m->shutdown_reason, sizeof m->shutdown_reason, "%s", msg->reason);
         }
-        if (!m->joined && !m->join_failed) {
+        if (!m->joined && !m->join_failed) { /* the job ends: joining again will not help */
             m->join_failed = true;
-            m->join_status = TS_ERR_PEER;
+            m->join_status = TS_ERR_STATE;
             textf(m->join_error, sizeof m->join_error, "join: scheduler %s shut the job "
                      "down: %s", m->endpoint, msg->reason);
         }

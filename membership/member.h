@@ -61,7 +61,8 @@ typedef struct {
 
 /* Joins the job; *out is the membership (free with ts_member_close). Fails
  * with TS_ERR_TIMEOUT when no JOIN_ACK came in time, TS_ERR_PEER when the
- * scheduler refused (job full, rendezvous timed out, handshake refused). */
+ * scheduler refused (job full, handshake refused), TS_ERR_STATE when it
+ * shut the job down instead (rendezvous timed out, the job is stopping). */
 ts_status ts_member_join(const ts_member_options *opt, ts_member **out);
 
 /* Copies the node's rank, generation and settings into *info. */

@@ -152,6 +152,9 @@ void sched_rendezvous_warn(ts_sched *s);
 /* SIGINT or SIGTERM: sends the live workers STOP (the first signal while
  * they train), else shuts the job down at once. */
 void sched_stop_begin(ts_sched *s, int signum);
+/* Refuses a worker's join into the stopping job with a SHUTDOWN (the
+ * joiner gives up instead of asking again). */
+void sched_stop_refuse(ts_sched *s, const ts_proto_identity *id);
 /* A worker's STOPPED: it took its last step and saved it. */
 void sched_on_stopped(ts_sched *s, sched_node *n, const ts_proto_msg *m);
 /* While stopping (after every change and each tick): shuts the job down

@@ -298,7 +298,7 @@ void sched_on_join(ts_sched *s, const ts_proto_identity *id, const ts_proto_msg 
         return;
     }
     if (s->stop_signal && m->role == TS_ROLE_WORKER) {
-        sched_send_error(s, id, TS_PROTO_E_REFUSED, "job %s is stopping: no worker joins it", s->cfg.job);
+        sched_stop_refuse(s, id);
         return;
     }
     size_t have = sched_count(s, NODE_PENDING, m->role) + sched_count(s, NODE_MEMBER, m->role);

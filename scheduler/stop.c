@@ -22,6 +22,15 @@
 
 static const char *signal_name(int signum) { return signum == SIGINT ? "SIGINT" : "SIGTERM"; }
 
+void sched_stop_refuse(ts_sched *s, const ts_proto_identity *id)
+{
+    ts_proto_msg m;
+    sched_msg_init(s, &m, TS_MSG_SHUTDOWN);
+    ts_proto_set_str(m.reason, sizeof m.reason, "the job is stopping: no worker joins it");
+    sched_send(s, id, &m, NULL, 0);
+    ts_proto_msg_free(&m);
+}
+
 /* Sends STOP to every live worker and refuses the waiting joiners;
  * returns how many workers were asked. */
 static size_t ask_workers(ts_sched *s, const char *reason)
@@ -38,7 +47,7 @@ static size_t ask_workers(ts_sched *s, const char *reason)
             sched_send(s, &n->id, &m, NULL, 0);
             asked++;
         } else if (n->state == NODE_PENDING) {
-            sched_send_error(s, &n->id, TS_PROTO_E_REFUSED, "job %s is stopping (%s)", s->cfg.job, reason);
+            sched_stop_refuse(s, &n->id);
             n->state = NODE_LEFT;
         }
     }

@@ -312,8 +312,9 @@ static void test_interrupt_rendezvous(void **state) {
 }
 
 /* Ctrl-C of tessera-run while a killed worker restarts (loading its data,
- * not yet joined again): the others stop and save, and tessera-run stops
- * the restarted worker at once rather than waiting out its drain (the
+ * not yet joined again): the others stop and save, and the restarted
+ * worker gives up its join (the stopping job refuses it with a SHUTDOWN)
+ * or tessera-run stops it at once, rather than waiting out its drain (the
  * barrier timeout, 30 s) for a process that has nothing to finish. */
 static void test_interrupt_restart(void **state) {
     (void)state;
@@ -332,7 +333,10 @@ static void test_interrupt_restart(void **state) {
     if (th_wait(&run, 60000) != 128 + SIGINT) dump(&run, "tessera-run did not exit 128 + SIGINT");
     if (th_count(&run, "its workers stopped and saved a checkpoint") != 1) dump(&run, "the workers did not stop");
     if (th_count(&run, "joined rank=") != 3) dump(&run, "the restarted worker joined before the signal");
-    th_expect_output(&run, "never joined the job, which has ended: stopping it", 0);
+    /* the restarted worker gave up its join into the stopping job, or was
+     * stopped when the job ended */
+    if (th_count(&run, "no worker joins it") + th_count(&run, "never joined the job, which has ended") < 1)
+        dump(&run, "the restarted worker neither gave up nor was stopped");
     if (th_now_ms() - t0 > 20000) dump(&run, "tessera-run waited out the drain for the restarted worker");
     assert_int_equal(th_leftovers(), 0);
 }

@@ -282,6 +282,7 @@ static void signal_stops_workers_together(void **state)
     assert_non_null(strstr(why, "SIGTERM"));
     assert_false(ts_member_stop_asked(m[0], NULL, 0)); /* servers are not asked */
     assert_null(th_join(&s, TS_ROLE_WORKER, -1, 3000));
+    assert_int_equal(ts_last_status(), TS_ERR_STATE); /* not to be asked again */
     assert_non_null(strstr(ts_last_error(), "is stopping"));
 
     assert_int_equal(ts_member_stopped(m[1], 5), TS_OK);
