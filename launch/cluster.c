@@ -57,6 +57,7 @@ typedef struct {
     phase phase;
     int interrupted;  /* the signal the scheduler got to stop the job (0: none) */
     int saved;        /* the scheduler said every worker stopped and saved ("stopped A B") */
+    int late;         /* the signal came after the scheduler ended the job */
     int stop_signal;  /* sent to the children when stopping */
     int exit_code;
     char reason[2048];
@@ -488,7 +489,8 @@ static int pipeline_assembling(const cluster *cl) {
 /* The first signal while the job runs goes to the scheduler alone: the
  * workers stop after a step they all take and save it there
  * (scheduler/stop.c), and the scheduler ends the job. Before that, while
- * a pipeline is put together (at the start or after a restart), or at a
+ * a pipeline is put together (at the start or after a restart), after the
+ * scheduler ended the job (the final checkpoint and evaluation), or at a
  * second signal every process is stopped (the second: killed). */
 static void on_signal(ts_super *s, int signum) {
     cluster *cl = s->user;
@@ -498,6 +500,14 @@ static void on_signal(ts_super *s, int signum) {
         return;
     }
     cl->stop_signal = signum; /* forwarded as it came */
+    if (cl->phase == PHASE_DONE) { /* the workers write the final checkpoint and evaluate */
+        cl->interrupted = signum;
+        cl->late = 1;
+        fprintf(stderr, "[run] %s after the job's last step: stopping its final checkpoint and evaluation\n",
+                signal_name(signum));
+        ts_super_stop(&cl->super, signum, STOP_GRACE_MS);
+        return;
+    }
     if (cl->phase == PHASE_RUNNING && cl->sched.child && !pipeline_assembling(cl)) {
         cl->interrupted = signum;
         fprintf(stderr, "[run] %s: the workers stop after a step they all take and save a checkpoint there; "
@@ -702,6 +712,10 @@ int ts_cluster_run(const ts_cluster_opts *o) {
         fprintf(stderr, "[run] job %s failed: %s (run folder %s)\n", o->job.name,
                 cl->reason, cl->run_dir);
         code = cl->exit_code;
+    } else if (cl->late) {
+        fprintf(stderr, "[run] job %s interrupted by %s after its last step, in its final checkpoint or "
+                        "evaluation (run folder %s)\n", o->job.name, signal_name(cl->interrupted), cl->run_dir);
+        code = 128 + cl->interrupted;
     } else if (cl->interrupted && cl->saved) {
         draw_chart(cl->run_dir);
         fprintf(stderr, "[run] job %s interrupted by %s: its workers stopped and saved a checkpoint "
