@@ -693,22 +693,27 @@ bool ts_member_poll_membership(ts_member *m, uint64_t *generation, ts_proto_memb
     return news;
 }
 
-/* Queues a STEP_DONE or STOPPED of step; does not wait. */
-static ts_status send_step(ts_member *m, ts_proto_type type, int64_t step)
+/* Queues a message of type for the I/O thread: a STEP_DONE or STOPPED of
+ * step (the node's last step from then on), or a REGROUP with reason;
+ * does not wait. */
+static ts_status post(ts_member *m, ts_proto_type type, int64_t step, const char *reason)
 {
     outmsg *o = new_out(type);
     if (!o)
         return ts_error(TS_ERR_MEMORY, "%s: out of memory", ts_proto_type_name(type));
     o->step = step;
+    if (reason)
+        ts_proto_set_str(o->reason, sizeof o->reason, reason);
     pthread_mutex_lock(&m->mu);
-    m->last_step = step; /* the latest, lower after the job moved back to a checkpoint */
+    if (type != TS_MSG_REGROUP)
+        m->last_step = step; /* the latest, lower after the job moved back to a checkpoint */
     enqueue(m, o);
     pthread_mutex_unlock(&m->mu);
     wake_io(m);
     return TS_OK;
 }
 
-ts_status ts_member_step_done(ts_member *m, int64_t step) { return send_step(m, TS_MSG_STEP_DONE, step); }
+ts_status ts_member_step_done(ts_member *m, int64_t step) { return post(m, TS_MSG_STEP_DONE, step, NULL); }
 
 bool ts_member_stop_asked(ts_member *m, char *reason, size_t cap)
 {
@@ -720,20 +725,9 @@ bool ts_member_stop_asked(ts_member *m, char *reason, size_t cap)
     return asked;
 }
 
-ts_status ts_member_stopped(ts_member *m, int64_t step) { return send_step(m, TS_MSG_STOPPED, step); }
+ts_status ts_member_stopped(ts_member *m, int64_t step) { return post(m, TS_MSG_STOPPED, step, NULL); }
 
-ts_status ts_member_ask_regroup(ts_member *m, const char *reason)
-{
-    outmsg *o = new_out(TS_MSG_REGROUP);
-    if (!o)
-        return ts_error(TS_ERR_MEMORY, "regroup: out of memory");
-    ts_proto_set_str(o->reason, sizeof o->reason, reason);
-    pthread_mutex_lock(&m->mu);
-    enqueue(m, o);
-    pthread_mutex_unlock(&m->mu);
-    wake_io(m);
-    return TS_OK;
-}
+ts_status ts_member_ask_regroup(ts_member *m, const char *reason) { return post(m, TS_MSG_REGROUP, 0, reason); }
 
 /* Sends o and waits for the I/O thread to finish the request of kind k. */
 static ts_status request(ts_member *m, req_kind k, outmsg *o, int timeout_ms, const char *what,
