@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "collective/mpi.h"
 #include "kernels/clock.h"
@@ -21,6 +22,10 @@ ts_status ts_dp_group_open(ts_dp_group *g, ts_strategy *s, const char *what, con
     /* the loader is made before the join: shard it for the job's workers
      * (its steps per epoch), the first generation takes the live group */
     s->group = (ts_group){.rank = 0, .world = ts_strategy_data_world(o->job)};
+    const char *fault = getenv("TESSERA_FAULT");
+    long long k;
+    g->split_at = fault && sscanf(fault, "sums_split@%lld", &k) == 1 && k > 0 ? k : -1;
+    g->exit_at = fault && sscanf(fault, "leader_exit@%lld", &k) == 1 && k > 0 ? k : -1;
     if (g->mpi_comm) return TS_OK;
     if (!(g->port = ts_ring_port_for_job(o->job, o->key_file, what))) return ts_last_status();
     snprintf(s->address, sizeof s->address, "%s", ts_ring_port_endpoint(g->port));
@@ -303,7 +308,27 @@ ts_status ts_dp_group_attach(ts_dp_group *g) {
     return st ? st : ts_dp_group_regroup(g);
 }
 
+/* Exits for TESSERA_FAULT (ts_dp_group_fault). */
+static void fault_exit(const ts_dp_group *g) {
+    printf("%s: TESSERA_FAULT: rank %d exits after step %lld\n", g->what, g->s->group.rank,
+           (long long)g->s->trainer->step);
+    fflush(stdout);
+    _exit(3);
+}
+
+ts_status ts_dp_group_fault(ts_dp_group *g) {
+    const ts_group *r = &g->s->group;
+    int64_t taken = g->s->trainer->step;
+    if (g->split_at < 0 || r->world < 3 || r->rank != 0 || taken + 1 != g->split_at) return TS_OK;
+    g->split_at = -1;
+    return ts_error(TS_ERR_PEER, "%s: TESSERA_FAULT: rank 0 drops its sums of step %lld", g->what,
+                    (long long)taken + 1);
+}
+
 ts_status ts_dp_group_begin_step(ts_dp_group *g) {
+    const ts_group *r = &g->s->group;
+    if (g->split_at >= 0 && r->world >= 3 && r->rank == r->world - 1 && g->s->trainer->step == g->split_at)
+        fault_exit(g);
     if (ts_member_shutdown_requested(g->s->member, NULL, NULL, 0)) {
         g->s->finished = true;
         return TS_OK;
@@ -358,6 +383,7 @@ ts_status ts_dp_group_grads(ts_dp_group *g, double *loss, int64_t *samples) {
 
 ts_status ts_dp_group_end_step(ts_dp_group *g, int64_t step) {
     g->in_step = false;
+    if (step == g->exit_at && g->s->group.rank == 0) fault_exit(g);
     uint64_t now = ts_comm_sent_bytes(g->comm);
     if (now >= g->sent_at_start) g->s->times.sent_bytes = now - g->sent_at_start; /* one communicator all step */
     return ts_member_step_done(g->s->member, step);

@@ -65,6 +65,7 @@ typedef struct {
      * validation, 2: test), and the least and the most of the new
      * generation's ranks */
     int pass, least_pass, most_pass;
+    int64_t split_at, exit_at; /* TESSERA_FAULT's steps (ts_dp_group_fault), or -1 */
 } ts_dp_group;
 
 /* Opens the port of o's job (ts_ring_port_for_job, tagged what) and puts
@@ -91,6 +92,17 @@ ts_status ts_dp_group_await(ts_dp_group *g);
 /* Waits for req, looking for a new generation while it waits: one
  * abandons the operation (the others have moved on, or will). */
 ts_status ts_dp_group_finish(ts_dp_group *g, ts_comm_req *req);
+
+/* Fault injection for the tests, from TESSERA_FAULT (read when the group
+ * opens), for deaths a kill -9 hits only by chance:
+ *   sums_split@K   in a group of three or more, rank 0 drops its sums of
+ *                  step K as if a peer had died inside them, and the
+ *                  group's last rank exits as soon as it took step K (when
+ *                  step K + 1 begins): the survivors stand a step apart;
+ *   leader_exit@K  rank 0 exits once it took step K, before it logs it
+ *                  (at end_step): the others took step K too.
+ * Called where a step's sums succeeded: rank 0's error for sums_split. */
+ts_status ts_dp_group_fault(ts_dp_group *g);
 
 /* Starts op and finishes it (ts_dp_group_finish). */
 ts_status ts_dp_group_run(ts_dp_group *g, ts_comm_op *op);

@@ -17,8 +17,10 @@ static int64_t line_step(const char *line) {
 }
 
 /* Rewrites path keeping only the lines of steps up to last (and lines that
- * name no step); a missing file is fine. */
-static ts_status cut_after(const char *path, int64_t last) {
+ * name no step); a missing file is fine. *kept: the last step a kept line
+ * names, 0 when none does. */
+static ts_status cut_after(const char *path, int64_t last, int64_t *kept) {
+    *kept = 0;
     FILE *in = fopen(path, "r");
     if (!in) return errno == ENOENT ? TS_OK : ts_error(TS_ERR_IO, "metrics: cannot read %s: %s", path, strerror(errno));
     ts_io_atomic out;
@@ -27,8 +29,13 @@ static ts_status cut_after(const char *path, int64_t last) {
     size_t cap = 0;
     int64_t dropped = 0;
     while (!s && getline(&line, &cap, in) > 0) {
-        if (line_step(line) > last) dropped++;
-        else if (fputs(line, out.f) == EOF) s = ts_error(TS_ERR_IO, "metrics: cannot write %s: %s", out.tmp, strerror(errno));
+        int64_t step = line_step(line);
+        if (step > last) {
+            dropped++;
+            continue;
+        }
+        if (step > *kept) *kept = step;
+        if (fputs(line, out.f) == EOF) s = ts_error(TS_ERR_IO, "metrics: cannot write %s: %s", out.tmp, strerror(errno));
     }
     free(line);
     fclose(in);
@@ -42,17 +49,19 @@ static ts_status cut_after(const char *path, int64_t last) {
     return ts_io_atomic_commit(&out);
 }
 
-FILE *ts_metrics_open_lines(const char *path, int64_t resumed_step) {
-    if (resumed_step > 0 && cut_after(path, resumed_step)) return NULL;
+FILE *ts_metrics_open_lines(const char *path, int64_t resumed_step, int64_t *last) {
+    int64_t kept = 0;
+    if (resumed_step > 0 && cut_after(path, resumed_step, &kept)) return NULL;
+    if (last) *last = kept;
     FILE *f = fopen(path, resumed_step > 0 ? "a" : "w");
     if (!f) ts_error(TS_ERR_IO, "metrics: cannot open %s: %s", path, strerror(errno));
     return f;
 }
 
-FILE *ts_metrics_open(const char *run_dir, int64_t resumed_step) {
+FILE *ts_metrics_open(const char *run_dir, int64_t resumed_step, int64_t *last) {
     char path[1200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
-    return ts_metrics_open_lines(path, resumed_step);
+    return ts_metrics_open_lines(path, resumed_step, last);
 }
 
 void ts_metrics_banner(const ts_trainer *t) {

@@ -12,13 +12,14 @@
 /* Opens <run_dir>/metrics.jsonl for a run that goes on after
  * resumed_step: 0 starts the file afresh; k > 0 (resumed from step k's
  * checkpoint) keeps the lines of steps up to k and appends, dropping the
- * lines of later steps a stopped run wrote (they are run again). */
-FILE *ts_metrics_open(const char *run_dir, int64_t resumed_step);
+ * lines of later steps a stopped run wrote (they are run again). *last
+ * (may be NULL) gets the last step a line kept names, 0 when none does. */
+FILE *ts_metrics_open(const char *run_dir, int64_t resumed_step, int64_t *last);
 
 /* ts_metrics_open's rule for any file of JSON lines of steps at path
  * (each line's first "step": says its step), such as a pipeline stage's
  * timeline. */
-FILE *ts_metrics_open_lines(const char *path, int64_t resumed_step);
+FILE *ts_metrics_open_lines(const char *path, int64_t resumed_step, int64_t *last);
 
 /* The run's header: job, model summary (not with a shared forward), data,
  * steps. */

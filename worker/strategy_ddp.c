@@ -44,9 +44,13 @@ typedef struct {
 /* ---- generations ---- */
 
 /* Step, total steps and data position of the state a generation starts
- * from: the furthest rank's, as of its last applied step. */
+ * from: the furthest rank's, as of its last applied step, and, when that
+ * rank took the step itself (taken), its loss, learning rate and gradient
+ * norm, for a leader that adopts the step to log. 8-byte fields:
+ * broadcast as i64. */
 typedef struct {
-    int64_t step, total_steps, epoch, offset;
+    int64_t step, total_steps, epoch, offset, taken;
+    double loss, lr, grad_norm;
 } sync_header;
 
 /* Makes every rank take the parameters, optimizer state, step, total and
@@ -56,11 +60,13 @@ static ts_status sync_state(ts_strategy *s) {
     ts_trainer *t = s->trainer;
     ts_model *m = t->model;
     ts_loader_pos pos = ts_dp_group_position(&d->g);
-    sync_header h = {t->step, t->total_steps, pos.epoch, pos.offset};
+    const ts_step_stats *last = &t->last_taken;
+    sync_header h = {t->step, t->total_steps, pos.epoch, pos.offset, last->step == t->step,
+                     last->loss, last->lr, last->grad_norm};
     float *p = ts_f32(m->flat_params);
     int root = 0;
     ts_status st = ts_dp_group_furthest(&d->g, &root);
-    if (!st) st = ts_dp_group_broadcast(&d->g, root, &h, 4, TS_I64, true);
+    if (!st) st = ts_dp_group_broadcast(&d->g, root, &h, sizeof h / sizeof(int64_t), TS_I64, true);
     if (!st) st = ts_dp_group_broadcast(&d->g, root, p, m->numel, TS_F32, false);
     if (!st && m->n_state)
         st = ts_dp_group_broadcast(&d->g, root, m->state, (int64_t)m->n_state * m->numel, TS_F32, false);
@@ -68,6 +74,9 @@ static ts_status sync_state(ts_strategy *s) {
      * the next step's collectives start even */
     if (!st) st = ts_dp_group_meet(&d->g, TS_COMM_BARRIER, NULL, NULL, 0, TS_U8);
     if (st) return st;
+    if (h.step > t->step && h.taken)
+        t->last_taken = (ts_step_stats){.step = h.step, .loss = h.loss, .lr = h.lr, .grad_norm = h.grad_norm,
+                                        .taken = true};
     t->step = h.step;
     t->total_steps = h.total_steps;
     d->g.step_start = (ts_loader_pos){h.epoch, h.offset};
@@ -122,6 +131,7 @@ static ts_status try_step(ts_strategy *s, double *loss, int64_t *samples) {
     ts_comm_op op = {.kind = TS_COMM_ALLREDUCE, .send = sums, .recv = sums, .count = 3, .dtype = TS_F64,
                      .op = TS_REDUCE_SUM, .step = s->trainer->step + 1};
     st = ts_dp_group_run_host(&d->g, &op);
+    if (!st) st = ts_dp_group_fault(&d->g);
     s->times.wait_ms += ts_clock_ms() - t0;
     *loss = sums[0] / s->group.world;
     *samples = (int64_t)sums[1];

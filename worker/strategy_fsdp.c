@@ -168,7 +168,6 @@ struct fsdp_strategy {
     bool sharded;            /* the shard buffers hold the state (else the model does) */
     bool invalid;            /* a failed reload left them holding nothing of use */
     int64_t shard_generation; /* the generation the shards were laid out in */
-    int64_t split_at;        /* TESSERA_FAULT's step (injected_split), or -1 */
 };
 
 /* ---- units ---- */
@@ -955,30 +954,9 @@ static ts_status fsdp_attach(ts_strategy *s) {
     return TS_OK;
 }
 
-/* Fault injection for the tests, TESSERA_FAULT="fsdp_sums_split@K" in a
- * group of three or more: rank 0 drops its sums of step K as if a peer
- * had died inside them, and the group's last rank exits as soon as it took
- * step K. The survivors then stand a step apart, the case roll_forward
- * settles, which a kill -9 hits only by chance. Called where a step
- * begins (beginning) and where its sums succeeded. */
-static ts_status injected_split(fsdp_strategy *f, bool beginning) {
-    const ts_group *g = &f->base.group;
-    int64_t taken = f->base.trainer->step;
-    if (f->split_at < 0 || g->world < 3) return TS_OK;
-    if (beginning && g->rank == g->world - 1 && taken == f->split_at) {
-        printf("fsdp: TESSERA_FAULT: rank %d exits after step %lld\n", g->rank, (long long)taken);
-        fflush(stdout);
-        _exit(3);
-    }
-    if (beginning || g->rank != 0 || taken + 1 != f->split_at) return TS_OK;
-    f->split_at = -1;
-    return ts_error(TS_ERR_PEER, "fsdp: TESSERA_FAULT: rank 0 drops its sums of step %lld", (long long)taken + 1);
-}
-
 static ts_status fsdp_begin_step(ts_strategy *s, int64_t step) {
     (void)step;
-    ts_status st = injected_split((fsdp_strategy *)s, true);
-    return st ? st : ts_dp_group_begin_step(&((fsdp_strategy *)s)->g);
+    return ts_dp_group_begin_step(&((fsdp_strategy *)s)->g);
 }
 
 /* One try at the step's gradient shards, the loss, samples and stop votes
@@ -1005,7 +983,7 @@ static ts_status try_step(ts_strategy *s, double *loss, int64_t *samples) {
     /* the optimizer steps next: when the sums fail here, a peer may have them and step */
     f->holds_next = true;
     st = ts_dp_group_run(&f->g, &op);
-    if (!st) st = injected_split(f, false);
+    if (!st) st = ts_dp_group_fault(&f->g);
     if (st) return st;
     f->holds_next = false;
     *loss = f->loss = sums[0] / s->group.world;
@@ -1152,9 +1130,6 @@ ts_strategy *ts_strategy_fsdp_new(const ts_strategy_options *o) {
     /* under mpirun a death ends the job: a copy would never be used */
     f->copying = o->job->parallel.fsdp_neighbour_copy && !o->mpi_comm;
     f->copy.of = f->prev_copy.of = -1;
-    const char *fault = getenv("TESSERA_FAULT");
-    long long k;
-    f->split_at = fault && sscanf(fault, "fsdp_sums_split@%lld", &k) == 1 && k > 0 ? k : -1;
     static const ts_dp_group_hooks hooks = {.drop = drop_units, .agree = agree, .try_step = try_step};
     if (ts_dp_group_open(&f->g, &f->base, "fsdp", o, &hooks)) {
         free(f);

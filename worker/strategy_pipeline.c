@@ -760,7 +760,7 @@ static ts_status open_timeline(pipe_strategy *p) {
     snprintf(path, sizeof path, "%s/timeline", t->run_dir);
     mkdir(path, 0755);
     snprintf(path, sizeof path, "%s/timeline/stage-%d-replica-%d.jsonl", t->run_dir, p->stage, p->replica);
-    if (!(p->timeline = ts_metrics_open_lines(path, t->step))) return ts_last_status();
+    if (!(p->timeline = ts_metrics_open_lines(path, t->step, NULL))) return ts_last_status();
     if (!(p->iv = calloc((size_t)(2 * p->V * p->M), sizeof *p->iv)))
         return ts_error(TS_ERR_MEMORY, "strategy pipeline: out of memory for the timeline of %d operations",
                         2 * p->V * p->M);

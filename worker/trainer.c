@@ -256,9 +256,8 @@ ts_status ts_trainer_attach(ts_trainer *t) {
     ts_strategy *s = t->strategy;
     ts_status st = s->ops->attach(s);
     if (!st && t->run_dir[0] && s->group.leader && !t->metrics) {
-        t->metrics = ts_metrics_open(t->run_dir, t->step);
+        t->metrics = ts_metrics_open(t->run_dir, t->step, &t->logged_step);
         if (!t->metrics) st = ts_last_status();
-        t->logged_step = t->step;
     }
     return st;
 }
@@ -443,17 +442,27 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s) {
     return TS_OK;
 }
 
+/* Writes step s's line where train.log_every (or the last step) asks for it. */
+static void log_line(ts_trainer *t, const ts_step_stats *s) {
+    t->logged_step = s->step;
+    if (s->step % t->job.train.log_every == 0 || s->step == t->total_steps)
+        ts_metrics_step(t->metrics, s, t->total_steps);
+}
+
 ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s) {
+    ts_step_stats before = t->last_taken;
+    t->last_taken = *s;
     if (!t->strategy->group.leader) return TS_OK;
     if (t->metrics && s->step <= t->logged_step) {
         fclose(t->metrics);
         t->metrics = NULL;
     }
-    t->logged_step = s->step;
-    if (!t->metrics && t->run_dir[0] && !(t->metrics = ts_metrics_open(t->run_dir, s->step - 1)))
+    if (!t->metrics && t->run_dir[0] && !(t->metrics = ts_metrics_open(t->run_dir, s->step - 1, &t->logged_step)))
         return ts_last_status();
-    if (s->step % t->job.train.log_every == 0 || s->step == t->total_steps)
-        ts_metrics_step(t->metrics, s, t->total_steps);
+    /* the step before, which this rank took (or adopted) and no leader
+     * logged: the one that took it left before it could */
+    if (before.step == s->step - 1 && before.step > t->logged_step) log_line(t, &before);
+    log_line(t, s);
     return TS_OK;
 }
 

@@ -69,7 +69,8 @@ struct ts_trainer {
     ts_schedule schedule;
     int64_t step, total_steps;
     FILE *metrics;         /* the leader's metrics.jsonl, else NULL */
-    int64_t logged_step;   /* the step metrics.jsonl was last opened after or logged */
+    int64_t logged_step;   /* the leader's last step logged (or passed over by log_every) */
+    ts_step_stats last_taken; /* the last step this rank took or adopted from a peer (step 0: none) */
     ts_strategy *strategy; /* owned */
     ts_group shard;        /* the (rank, world) the loader is sharded by */
     bool last_micro;       /* backward of the step's last micro-batch runs */
@@ -143,7 +144,10 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s);
  * leader since the metrics were opened (the old one left) takes them over,
  * cut after the step before s (the old leader may have logged s); so does a
  * leader whose job went back (a checkpoint reloaded, steps replayed): the
- * lines of the steps taken again go, as on --resume. */
+ * lines of the steps taken again go, as on --resume. Every rank keeps s
+ * (last_taken): a leader that finds the line of the step before s missing
+ * (the old leader left inside it, after the group took it) logs the one it
+ * kept first. */
 ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s);
 
 /* Loss and accuracy (or bits per byte) on the validation set, or the test

@@ -436,6 +436,30 @@ void th_interrupt_resume(const char *name, int steps, int batch, const char *par
     free(got);
 }
 
+void th_fault_logs_every_step(const char *name, int steps, const char *parallel, const char *fault, int k,
+                              const char *says) {
+    char whole[160];
+    snprintf(whole, sizeof whole, "%s-whole", name);
+    double *want = calloc((size_t)steps + 1, sizeof *want), *got = calloc((size_t)steps + 1, sizeof *got);
+    assert_non_null(want);
+    assert_non_null(got);
+    th_run_job(whole, "mlp", k, 16, 1, parallel, false, want);
+
+    const char *job = th_job_file(name, "mlp", steps, 16, 1, parallel);
+    const char *dir = th_path(name);
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
+    setenv("TESSERA_FAULT", fault, 1);
+    th_proc run = th_start(name, argv);
+    unsetenv("TESSERA_FAULT");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after the fault");
+    if (th_count(&run, says) < 1) th_dump(&run, "the fault did not happen as it should");
+    th_expect_steps_once(dir, steps);
+    th_losses(dir, got, steps);
+    th_expect_same(got, want, 1, k, "the steps up to the fault, against a run without it");
+    free(want);
+    free(got);
+}
+
 void th_run_losses(const char *tag, const char *const *argv, const char *run_dir, double *loss, int steps) {
     th_proc p = th_start(tag, argv);
     if (th_wait(&p, 240000) != 0) th_dump(&p, "the run did not exit 0");

@@ -127,6 +127,14 @@ void th_kill_in_eval(const char *name, const char *strategy, const char *paralle
  * without a stop. */
 void th_interrupt_resume(const char *name, int steps, int batch, const char *parallel, int at);
 
+/* Runs the job `name` (th_job_file's "mlp", steps, batch 16, parallel:
+ * 4 workers that may drop to 3) with TESSERA_FAULT=fault, which ends a
+ * worker inside step k (worker/dp_group.h), and fails unless tessera-run
+ * exits 0 having printed `says`, metrics.jsonl logs every step once, and
+ * steps 1 .. k log the losses of the same job run without the fault. */
+void th_fault_logs_every_step(const char *name, int steps, const char *parallel, const char *fault, int k,
+                              const char *says);
+
 /* Fails unless got[s] is want[s] within 1e-5 relative for s in [from, to]. */
 void th_expect_same(const double *got, const double *want, int from, int to, const char *what);
 

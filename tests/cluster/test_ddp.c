@@ -278,6 +278,31 @@ static void test_stop_leader(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* The parallel section of the fault tests: 4 workers that go on at 3. */
+#define FAULT_PARALLEL                                                                                          \
+    "\"strategy\": \"ddp\", \"workers\": 4, \"min_workers\": 2, \"heartbeat_ms\": 100, "                   \
+    "\"heartbeat_timeout_ms\": 1500"
+
+/* The leader exits once the group took step 15, before logging it: the
+ * next leader, which took it too, logs it. Before, the step's line was
+ * missing from metrics.jsonl. */
+static void test_leader_exit(void **state) {
+    (void)state;
+    th_fault_logs_every_step("ddp-leader-exit", 30, FAULT_PARALLEL, "leader_exit@15", 15,
+                             "ddp: TESSERA_FAULT: rank 0 exits after step 15");
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* Rank 0's sums of step 15 fail while ranks 1 and 2 take the step and rank
+ * 3 exits: rank 0, the leader, takes the state of step 15 from rank 1 in
+ * the regroup, with the step's loss to log. Before, its line was missing. */
+static void test_sums_split(void **state) {
+    (void)state;
+    th_fault_logs_every_step("ddp-sums-split", 30, FAULT_PARALLEL, "sums_split@15", 15,
+                             "ddp: TESSERA_FAULT: rank 0 drops its sums of step 15");
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* kill -9 of a worker while the others evaluate: they redo the evaluation
  * at 3 workers and finish. */
 static void test_kill_in_eval(void **state) {
@@ -384,7 +409,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_epochs),   cmocka_unit_test(test_epochs_mpirun),
         cmocka_unit_test(test_gpt_4),    cmocka_unit_test(test_mpirun_2),    cmocka_unit_test(test_mpirun_resume),
         cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_stop_leader),
-        cmocka_unit_test(test_kill_in_eval),
+        cmocka_unit_test(test_kill_in_eval), cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_sums_split),
         cmocka_unit_test(test_interrupt), cmocka_unit_test(test_interrupt_rendezvous),
         cmocka_unit_test(test_interrupt_restart),
         cmocka_unit_test(test_join),     cmocka_unit_test(test_bf16),

@@ -401,13 +401,24 @@ static void test_kill_worker_copy(void **state) {
  * step is lost. */
 static void test_sums_split(void **state) {
     (void)state;
-    setenv("TESSERA_FAULT", "fsdp_sums_split@45", 1);
+    setenv("TESSERA_FAULT", "sums_split@45", 1);
     th_proc run = start_copy_run("fsdp-split");
     unsetenv("TESSERA_FAULT");
     long s = expect_no_step_lost(&run, "fsdp-split");
     assert_int_equal(s, 45);
     if (th_count(&run, "fsdp: step 45 taken from the reduced gradients this rank held") != 1)
         th_dump(&run, "rank 0 did not take step 45 from the gradients it held");
+}
+
+/* The leader exits once the group took step 15, before logging it; its
+ * shard comes from rank 3's copy and the next leader, which took the step
+ * too, logs it. Before, the step's line was missing from metrics.jsonl. */
+static void test_leader_exit(void **state) {
+    (void)state;
+    th_fault_logs_every_step("fsdp-leader-exit", 30,
+                             "\"strategy\": \"fsdp\", \"workers\": 4, \"min_workers\": 2, "
+                             "\"fsdp_neighbour_copy\": true, \"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 1500",
+                             "leader_exit@15", 15, "rebuilt from this rank's copy at step 15");
 }
 
 /* Starts `tessera-run --join` (output tagged tag) for the job file job
@@ -502,7 +513,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gpt_2),  cmocka_unit_test(test_gpt_4),      cmocka_unit_test(test_cnn_2),
         cmocka_unit_test(test_cnn_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_reshard), cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_kill_worker_copy),
-        cmocka_unit_test(test_sums_split), cmocka_unit_test(test_kill_fine_tune), cmocka_unit_test(test_kill_after_local),
+        cmocka_unit_test(test_sums_split), cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_kill_fine_tune), cmocka_unit_test(test_kill_after_local),
         cmocka_unit_test(test_kill_in_eval),
         cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_join_during_move),
