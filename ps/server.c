@@ -851,7 +851,8 @@ static ts_status make_shard(ps_server *sv, const ts_model *m) {
     bool found;
     ts_status st = ts_shard_restore(sv->sh, -1, &found);
     if (!st && found)
-        printf("shard %d: restored from its checkpoint of step %lld\n", sv->shard, (long long)ts_shard_step(sv->sh));
+        printf("shard %d: restored to step %lld from the run's checkpoints\n", sv->shard,
+               (long long)ts_shard_step(sv->sh));
     else if (!st && !(st = refuse_other_run(sv)))
         printf("shard %d: no checkpoint in %s: starting from the seed\n", sv->shard, root);
     return st;

@@ -55,7 +55,9 @@ typedef struct {
     const ts_job *job;      /* borrowed; outlives the shard */
     int shard, shards;      /* this shard's index and the job's shard count */
     int rank;               /* this process's rank, in its messages */
-    const char *root;       /* its checkpoint folder; NULL: no checkpoints */
+    const char *root;       /* its checkpoint folder, <dir>/shard-<shard> beside the other
+                             * shards' (a resume with another shard count reads theirs);
+                             * NULL: no checkpoints */
     ts_shard_reply_fn *reply;
     void *ctx;
 } ts_shard_config;
@@ -107,7 +109,10 @@ void ts_shard_checkpoint(ts_shard *s);
 /* Restores the checkpoint of step (-1: the newest) from the shard's folder;
  * *found says whether there was one (with step -1 none is fine: the shard
  * keeps its state). Step 0 needs none: its keys are the seed's. A
- * checkpoint of another range or model is refused naming both. */
+ * checkpoint of another range or model is refused naming both. When the
+ * run's checkpoints of that step were written by another number of shards
+ * (the job resumed with another parallel.servers), the shard's range is
+ * rebuilt from theirs, at the newest step (up to that one) they all hold. */
 ts_status ts_shard_restore(ts_shard *s, int64_t step, bool *found);
 
 /* ---- the whole state, for a spare (snapshot.c) ---- */

@@ -355,7 +355,7 @@ static void lose_shard(const char *name, int sig) {
     kill(victim, sig);
     if (sig == SIGSTOP) th_expect_output(&p, "[run] the scheduler declared ps 1 dead and its process ", 10000);
     th_expect_output(&p, "[run] ps 1 exited with signal 9; restarting it (restart 1 of 1)", 10000);
-    th_expect_output(&p, "shard 1: restored from its checkpoint of step ", 20000);
+    th_expect_output(&p, "shard 1: restored to step ", 20000);
     th_expect_output(&p, "and replays ", 20000);
     finish_run(&p, 120000);
     th_proc quiet = start_run(quiet_run, job, th_path(quiet_run), "train.checkpoint_every=25", NULL);
@@ -454,7 +454,7 @@ static void test_resume(void **state) {
                           NULL};
     th_proc second = th_start("resume-2", argv);
     finish_run(&second, 120000);
-    th_expect_output(&second, "restored from its checkpoint of step 40", 0);
+    th_expect_output(&second, "restored to step 40 from", 0);
     th_expect_output(&second, "resumed at step 40", 0);
     th_proc whole = start_run("resume-whole", job, th_path("run-whole"), "schedule.kind=\"constant\"", NULL);
     finish_run(&whole, 120000);
@@ -469,6 +469,33 @@ static void test_resume(void **state) {
     th_proc ps = th_start("resume-ps-from-local", pargv);
     if (th_wait(&ps, 60000) == 0) th_dump(&ps, "a ps job resumed a local run's folder");
     th_expect_output(&ps, "was written by a \"local\" job", 0);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* A sync job resumed with another parallel.servers reshards its
+ * checkpoints: 20 steps at 3 shards, 20 more at 2 (fewer), 20 more at 4
+ * (more); the losses are those of a run that never stopped. */
+static void test_resume_reshard(void **state) {
+    (void)state;
+    const char *job = job_file("reshard", false, 60, 32, "\"strategy\": \"ps\", \"workers\": 2, \"servers\": 2");
+    const char *run = th_path("run-reshard");
+    const char *constant = "schedule.kind=\"constant\"";
+    th_proc first = start_run("reshard-1", job, run, "steps=20", "parallel.servers=3", constant, NULL);
+    finish_run(&first, 120000);
+    const char *fewer[] = {"tessera-run", job, "--run-dir", run, "--resume", "--set", "steps=40",
+                           "--set", "parallel.servers=2", "--set", constant, NULL};
+    th_proc second = th_start("reshard-2", fewer);
+    finish_run(&second, 120000);
+    th_expect_output(&second, "rebuilt from the checkpoints of 3 shards of step 20", 0);
+    const char *more[] = {"tessera-run", job, "--run-dir", run, "--resume", "--set", "parallel.servers=4",
+                          "--set", constant, NULL};
+    th_proc third = th_start("reshard-3", more);
+    finish_run(&third, 120000);
+    th_expect_output(&third, "shard 3 of 4: keys", 0);
+    th_expect_output(&third, "rebuilt from the checkpoints of 2 shards of step 40", 0);
+    th_proc whole = start_run("reshard-whole", job, th_path("run-reshard-whole"), constant, NULL);
+    finish_run(&whole, 120000);
+    same_losses(run, th_path("run-reshard-whole"), 60, 0);
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -509,7 +536,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_async_bounded),   cmocka_unit_test(test_join),
         cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_kill_shard), cmocka_unit_test(test_stop_shard),
         cmocka_unit_test(test_kill_primary),    cmocka_unit_test(test_kill_primary_twice),
-        cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_resume), cmocka_unit_test(test_resume_reshard),
         cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_mpirun),
     };
