@@ -203,33 +203,6 @@ static int parse_cli(int argc, char **argv, cli *c) {
     return 0;
 }
 
-/* --join: replaces this process with one tessera-worker. */
-static int run_join(const cli *c) {
-    char exe[PATH_MAX], dir[PATH_MAX], prog[PATH_MAX + 32];
-    if (ts_super_paths(exe, dir, sizeof dir) != TS_OK) {
-        fprintf(stderr, "%s\n", ts_last_error());
-        return 1;
-    }
-    snprintf(prog, sizeof prog, "%s/tessera-worker", dir);
-    ts_argv a = {0};
-    ts_argv_push(&a, prog);
-    ts_cluster_node_args(&a, c->address, c->key_file, c->job_path, c->sets, c->nsets);
-    if (c->rank >= 0) ts_argv_pushf(&a, "--rank=%d", c->rank);
-    if (c->run_dir) {
-        ts_argv_push(&a, "--run-dir");
-        ts_argv_push(&a, c->run_dir);
-    }
-    if (!ts_argv_ok(&a)) {
-        fprintf(stderr, "tessera-run: out of memory\n");
-        return 1;
-    }
-    fflush(NULL);
-    execv(prog, a.v);
-    perror(prog);
-    ts_argv_free(&a);
-    return 127;
-}
-
 int main(int argc, char **argv) {
     ts_threads_passive(argv);
     if (argc >= 2 && strcmp(argv[1], "--exec-child") == 0)
@@ -289,7 +262,9 @@ int main(int argc, char **argv) {
         if (o.job.parallel.strategy == TS_STRATEGY_LOCAL && c.mode == MODE_RUN) {
             code = ts_launch_train(&o.job, c.run_dir, c.resume, c.force);
         } else if (c.mode == MODE_JOIN) {
-            code = run_join(&c);
+            code = ts_launch_join(&(ts_launch_join_opts){.address = c.address, .key_file = c.key_file,
+                                                         .job_path = c.job_path, .sets = c.sets, .nsets = c.nsets,
+                                                         .rank = c.rank, .run_dir = o.run_dir, .job = &o.job});
         } else if (c.mode == MODE_MPI) {
             code = ts_launch_mpi(&o, c.role, argc, argv);
         } else if (ts_trainer_steps(&o.job, &o.job.steps) != TS_OK) {
