@@ -688,6 +688,26 @@ json_t *ts_job_to_json(const ts_job *job) {
     return section_to_json(job_fields, job);
 }
 
+ts_status ts_job_caps(const ts_job *job, char *out, size_t cap) {
+    json_t *all = ts_job_to_json(job);
+    json_t *shared = all ? json_pack("{s:O, s:O, s:O}", "model", json_object_get(all, "model"), "optimizer",
+                                     json_object_get(all, "optimizer"), "schedule", json_object_get(all, "schedule"))
+                         : NULL;
+    json_t *model = json_object_get(shared, "model");
+    json_object_del(model, "init_from");
+    json_object_del(model, "init_map");
+    char *text = shared ? json_dumps(shared, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(shared);
+    json_decref(all);
+    if (!text) return ts_error(TS_ERR_MEMORY, "job %s: capabilities: out of memory", job->name);
+    uint64_t h = 14695981039346656037ull;
+    for (const char *c = text; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    free(text);
+    int n = snprintf(out, cap, "%s job=%016llx", ts_job_strategy_name(job->parallel.strategy), (unsigned long long)h);
+    if (n < 0 || (size_t)n >= cap) return ts_error(TS_ERR_VALUE, "job %s: capabilities longer than %zu bytes", job->name, cap - 1);
+    return TS_OK;
+}
+
 /* Copies value into dst (cap bytes) for flag; error when too long. */
 static ts_status copy_flag(char *dst, size_t cap, const char *flag,
                            const char *value) {

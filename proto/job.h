@@ -229,6 +229,13 @@ typedef struct {
  * need_scheduler) is an error naming it. */
 ts_status ts_job_node_args_parse(int argc, char **argv, bool need_scheduler, ts_job_node_args *a);
 
+/* The capabilities a worker of the job joins with (at most cap - 1
+ * bytes): its strategy and a fingerprint (FNV-1a) of the sections every
+ * worker of a job must share - the model (except the weights it starts from),
+ * the optimizer and the schedule - e.g. "ddp job=8f14e45fceea167a". The
+ * scheduler refuses a worker whose capabilities are not the job's. */
+ts_status ts_job_caps(const ts_job *job, char *out, size_t cap);
+
 /* Name of a strategy ("standin"). */
 const char *ts_job_strategy_name(ts_job_strategy s);
 

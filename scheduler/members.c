@@ -285,6 +285,25 @@ void sched_advance(ts_sched *s)
     }
 }
 
+/* True when a joining worker's capabilities are the job's: those of the
+ * first worker that asked to join (a worker of another strategy, model,
+ * optimizer or schedule would fail every collective of its generation and
+ * the next, and hold up the job). Refuses it when not. */
+static bool same_job(ts_sched *s, const ts_proto_identity *id, const ts_proto_msg *m)
+{
+    if (m->role != TS_ROLE_WORKER || strcmp(m->caps, s->worker_caps) == 0)
+        return true;
+    if (!s->worker_caps[0]) {
+        memcpy(s->worker_caps, m->caps, sizeof s->worker_caps);
+        return true;
+    }
+    ts_sched_log(TS_SCHED_WARN, "refused a worker join: capabilities '%s', the job's are '%s'", m->caps,
+                 s->worker_caps);
+    sched_send_error(s, id, TS_PROTO_E_REFUSED, "job %s runs workers of '%s', this worker is '%s': its strategy, "
+                     "model, optimizer or schedule differ", s->cfg.job, s->worker_caps, m->caps);
+    return false;
+}
+
 void sched_on_join(ts_sched *s, const ts_proto_identity *id, const ts_proto_msg *m)
 {
     sched_node *n = sched_node_find(s, id);
@@ -301,6 +320,8 @@ void sched_on_join(ts_sched *s, const ts_proto_identity *id, const ts_proto_msg 
         sched_stop_refuse(s, id);
         return;
     }
+    if (!same_job(s, id, m))
+        return;
     size_t have = sched_count(s, NODE_PENDING, m->role) + sched_count(s, NODE_MEMBER, m->role);
     size_t limit = m->role == TS_ROLE_PS ? (size_t)s->cfg.servers : (size_t)s->cfg.max_workers;
     if (have >= limit) {

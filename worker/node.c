@@ -44,12 +44,17 @@ static char *job_text(const ts_job *job) {
  * looks full): it asks again until that must have happened. */
 static ts_member *join(const ts_worker_options *o, const char *address) {
     const ts_job_parallel *p = &o->job->parallel;
+    char caps[TS_PROTO_CAPS_MAX + 1];
+    if (ts_job_caps(o->job, caps, sizeof caps)) {
+        fprintf(stderr, "join failed: %s\n", ts_last_error());
+        return NULL;
+    }
     ts_member_options opt = {.scheduler = o->scheduler,
                              .job = o->job->name,
                              .key_file = o->key_file,
                              .role = TS_ROLE_WORKER,
                              .address = address[0] ? address : NULL,
-                             .caps = ts_job_strategy_name(p->strategy),
+                             .caps = caps,
                              .prev_rank = o->rank,
                              .timeout_ms = p->join_timeout_ms};
     ts_member *m = NULL;

@@ -6,7 +6,8 @@
  * world its ranks make), and resumed under mpirun; a worker killed -9 in
  * the middle of training is named, the others redo the step at the new
  * world size and finish with a checkpoint that evaluates; a worker joined
- * mid-run trains in step; a stopped leader, killed and restarted, takes
+ * mid-run trains in step, one whose job file has another model or
+ * strategy is refused; a stopped leader, killed and restarted, takes
  * the others' state; Ctrl-C stops both workers after the same step,
  * saved. Run one scenario by name: cluster_test_ddp <name>. */
 #include <math.h>
@@ -387,6 +388,41 @@ static void test_join(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Starts tessera-run --join against the job of run_dir with job file job
+ * and overrides sets; waits up to 30 s for it to exit, and fails unless it
+ * exited non-zero saying the scheduler refused its job. */
+static void expect_join_refused(const char *tag, const char *run_dir, const char *job, const char *set1,
+                                const char *set2) {
+    char addr[256], key[4200], addr_file[4200];
+    snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", run_dir);
+    snprintf(key, sizeof key, "%s/job.key", run_dir);
+    assert_int_equal(th_read_line(addr_file, addr, sizeof addr, 2000), 0);
+    const char *argv[] = {"tessera-run", "--join", addr, "--key-file", key, job, "--set", set1,
+                          "--set", set2, "--run-dir", th_path(tag), NULL};
+    th_proc joiner = th_start(tag, argv);
+    int rc = th_wait(&joiner, 30000);
+    if (rc <= 0) dump(&joiner, "a worker of another job did not give up its join");
+    if (th_count(&joiner, "model, optimizer or schedule differ") != 1) dump(&joiner, "the refusal does not say why");
+}
+
+/* A worker whose job file has another model or another strategy is
+ * refused at its join: the job never changes its world for it, and logs
+ * every step once. */
+static void test_join_other_job(void **state) {
+    (void)state;
+    const char *job = job_file("ddp-join-other", "mlp", 12000, 16, "ddp", 2, "\"max_workers\": 3");
+    const char *dir = th_path("ddp-join-other");
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
+    th_proc run = th_start("ddp-join-other", argv);
+    if (th_wait_for(&run, "step 10/12000", 60000) != 0) dump(&run, "no step 10");
+    expect_join_refused("other-model", dir, job, "model.hidden=[32]", "steps=12000");
+    expect_join_refused("other-strategy", dir, job, "parallel.strategy=ps", "parallel.servers=1");
+    if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0");
+    if (th_count(&run, "world size 2 -> 3") != 0) dump(&run, "a worker of another job joined");
+    th_expect_steps_once(dir, 12000);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* Under mpirun a job of train.epochs ends after the epoch's steps at the
  * world its ranks make: one epoch of 54000 images over 3 worker ranks (the
  * job file says 2) at batch 1000 is 18 steps, not 27. */
@@ -412,7 +448,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_kill_in_eval), cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_sums_split),
         cmocka_unit_test(test_interrupt), cmocka_unit_test(test_interrupt_rendezvous),
         cmocka_unit_test(test_interrupt_restart),
-        cmocka_unit_test(test_join),     cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_join),     cmocka_unit_test(test_join_other_job), cmocka_unit_test(test_bf16),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
