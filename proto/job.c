@@ -704,7 +704,8 @@ ts_status ts_job_caps(const ts_job *job, char *out, size_t cap) {
     for (const char *c = text; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
     free(text);
     int n = snprintf(out, cap, "%s job=%016llx", ts_job_strategy_name(job->parallel.strategy), (unsigned long long)h);
-    if (n < 0 || (size_t)n >= cap) return ts_error(TS_ERR_VALUE, "job %s: capabilities longer than %zu bytes", job->name, cap - 1);
+    if (n < 0 || (size_t)n >= cap)
+        return ts_error(TS_ERR_VALUE, "job %s: capabilities longer than %zu bytes", job->name, cap - 1);
     return TS_OK;
 }
 

@@ -144,8 +144,8 @@ static ts_status take_overlap(ts_shard *s, const ts_checkpoint *ck, const saved_
         size_t bytes = (size_t)(hi - lo) * sizeof(float);
         memcpy(ts_f32(s->params) + (lo - s->offset), ts_f32(keys) + (lo - r->offset), bytes);
         for (int k = 0; k < slots; k++)
-            memcpy(ts_f32(s->state) + k * s->state->shape[1] + (lo - s->offset), ts_f32(state) + k * n + (lo - r->offset),
-                   bytes);
+            memcpy(ts_f32(s->state) + k * s->state->shape[1] + (lo - s->offset),
+                   ts_f32(state) + k * n + (lo - r->offset), bytes);
     }
     ts_tensor_release(keys);
     ts_tensor_release(state);
