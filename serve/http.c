@@ -29,6 +29,7 @@ typedef struct {
     size_t len, cap;
     bool answered;  /* a response is queued */
     unsigned code;  /* its status */
+    ts_serve_reply refused; /* the error to answer once the body is in (none: body NULL) */
 } request;
 
 /* A generation being streamed. */
@@ -122,20 +123,32 @@ static enum MHD_Result begin(ts_server *s, struct MHD_Connection *c, request *r,
     return MHD_YES;
 }
 
-/* Appends a piece of the body; 413 once it passes the limit. */
-static enum MHD_Result take_body(ts_server *s, struct MHD_Connection *c, request *r, const char *data, size_t n) {
+/* Appends a piece of the body; once it passes the limit (or memory runs
+ * out) the body is dropped and the rest read without keeping it: the
+ * refusal is answered when the body is all in, as no response can be queued
+ * while a body is being received. */
+static void take_body(ts_server *s, request *r, const char *data, size_t n) {
+    if (r->refused.body) return;
     if (r->len + n > s->c.max_body)
-        return queue(c, r, ts_serve_error(413, "body", "the body exceeds the limit of %zu bytes", s->c.max_body));
-    if (r->len + n + 1 > r->cap) {
-        size_t cap = (r->len + n + 1) * 2;
-        char *b = realloc(r->body, cap < s->c.max_body + 1 ? cap : s->c.max_body + 1);
-        if (!b) return queue(c, r, ts_serve_error(500, "body", "out of memory"));
-        r->body = b;
-        r->cap = cap < s->c.max_body + 1 ? cap : s->c.max_body + 1;
+        r->refused = ts_serve_error(413, "body", "the body exceeds the limit of %zu bytes", s->c.max_body);
+    else if (r->len + n + 1 > r->cap) {
+        size_t cap = (r->len + n + 1) * 2 < s->c.max_body + 1 ? (r->len + n + 1) * 2 : s->c.max_body + 1;
+        char *b = realloc(r->body, cap);
+        if (b) {
+            r->body = b;
+            r->cap = cap;
+        } else {
+            r->refused = ts_serve_error(500, "body", "out of memory");
+        }
+    }
+    if (r->refused.body) {
+        free(r->body);
+        r->body = NULL;
+        r->len = r->cap = 0;
+        return;
     }
     memcpy(r->body + r->len, data, n);
     r->len += n;
-    return MHD_YES;
 }
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -205,9 +218,16 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
-        return r->answered ? MHD_YES : take_body(s, c, r, upload, n);
+        if (!r->answered) take_body(s, r, upload, n);
+        return MHD_YES;
     }
-    return r->answered ? MHD_YES : answer(s, c, r);
+    if (r->answered) return MHD_YES;
+    if (r->refused.body) {
+        ts_serve_reply refusal = r->refused;
+        r->refused.body = NULL;
+        return queue(c, r, refusal);
+    }
+    return answer(s, c, r);
 }
 
 /* The request is over (answered, timed out or dropped): count it, free it. */
@@ -219,6 +239,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     unsigned code = r->answered ? r->code : why == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? 408 : 499;
     ts_serve_metrics_request(s->c.metrics, endpoint_names[r->ep], code, (ts_clock_ms() - r->start_ms) / 1000);
     free(r->body);
+    free(r->refused.body);
     free(r);
     *con_cls = NULL;
 }

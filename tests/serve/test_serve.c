@@ -6,7 +6,8 @@
  * (several concurrent requests, batched) equal the model's own forward pass
  * and generation streams exactly what ts_generate samples with the same
  * seed; malformed JSON, wrong shapes and types, unknown fields and models
- * get a 4xx naming the field; a 100 MB body gets 413 without being read; a
+ * get a 4xx naming the field; a 100 MB body gets 413 without being read, a
+ * chunked one past the limit 413 once it is in; a
  * client that sends half a request and stalls is cut off after the request
  * timeout while others are served; /metrics counts all of it; and with a
  * certificate the server speaks HTTPS. After each refusal the next request
@@ -344,6 +345,12 @@ static void test_bad_requests(void **state) {
     snprintf(cmd, sizeof cmd, "head -c 100000000 /dev/zero > %s/big", dir);
     assert_int_equal(system(cmd), 0);
     assert_int_equal(curl(AUTH " -H 'Content-Type: application/json' --data-binary @%s/big http://127.0.0.1:%d/v1/models/mlp:predict", dir, port), 413);
+    expect_field("body");
+    /* 2 MB chunked, with no Content-Length: 413 once the body is in, not
+     * a dropped connection */
+    snprintf(cmd, sizeof cmd, "head -c 2000000 /dev/zero > %s/big", dir);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(curl(AUTH " -H 'Transfer-Encoding: chunked' --data-binary @%s/big http://127.0.0.1:%d/v1/models/mlp:predict", dir, port), 413);
     expect_field("body");
     snprintf(cmd, sizeof cmd, "rm -f %s/big", dir);
     assert_int_equal(system(cmd), 0);
