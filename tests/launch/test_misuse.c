@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,6 +215,49 @@ static void test_device_messages(void **state) {
     assert_true(strstr(log, "cuda:0: no CUDA device") || strstr(log, "no kernels for device cuda:0 in this build"));
 }
 
+/* Entries of folder dir other than . and .. */
+static int count_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+/* --plot of a folder without metrics.jsonl, or of one whose metrics.jsonl
+ * holds no step to draw, exits 1 and leaves the folder as it was: no data
+ * files behind, an earlier metrics.png untouched. */
+static void test_plot_leaves_nothing(void **state) {
+    (void)state;
+    static char log[16384];
+    char dir[300], path[400], png[400];
+    snprintf(dir, sizeof dir, "%s/plot", base);
+    assert_int_equal(mkdir(dir, 0777), 0);
+    assert_int_equal(run("plot-none", log, sizeof log, "--plot %s", dir), 1);
+    expect_text(log, "metrics.jsonl");
+    assert_int_equal(count_entries(dir), 0);
+
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("not a metrics line\n", f);
+    fclose(f);
+    snprintf(png, sizeof png, "%s/metrics.png", dir);
+    f = fopen(png, "w");
+    assert_non_null(f);
+    fputs("the earlier chart", f);
+    fclose(f);
+    assert_int_equal(run("plot-no-steps", log, sizeof log, "--plot %s", dir), 1);
+    expect_text(log, "metrics.jsonl");
+    assert_int_equal(count_entries(dir), 2);
+    f = fopen(png, "r");
+    assert_non_null(f);
+    char text[64];
+    tu_read_back(f, text, sizeof text);
+    assert_string_equal(text, "the earlier chart");
+}
+
 int main(void) {
     if (tu_make_tmp_dir(base, sizeof base, "tessera-misuse")) return 1;
     const struct CMUnitTest tests[] = {
@@ -222,6 +266,7 @@ int main(void) {
         cmocka_unit_test(test_model_too_big),
         cmocka_unit_test(test_messages_name_the_thing),
         cmocka_unit_test(test_device_messages),
+        cmocka_unit_test(test_plot_leaves_nothing),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0) tu_remove_dir(base);
