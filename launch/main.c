@@ -203,6 +203,17 @@ static int parse_cli(int argc, char **argv, cli *c) {
     return 0;
 }
 
+/* --consolidate's default output: consolidated/ in the folder that holds
+ * checkpoint folder ckpt (trailing slashes ignored), into out[cap]. */
+static void consolidated_beside(const char *ckpt, char *out, size_t cap) {
+    size_t n = strlen(ckpt);
+    while (n > 1 && ckpt[n - 1] == '/') n--;
+    snprintf(out, cap, "%.*s", (int)n, ckpt);
+    char *slash = strrchr(out, '/');
+    if (slash) snprintf(slash + 1, cap - (size_t)(slash + 1 - out), "consolidated");
+    else snprintf(out, cap, "consolidated");
+}
+
 int main(int argc, char **argv) {
     ts_threads_passive(argv);
     if (argc >= 2 && strcmp(argv[1], "--exec-child") == 0)
@@ -225,12 +236,9 @@ int main(int argc, char **argv) {
     } else if (c.mode == MODE_EVAL) {
         code = ts_launch_eval(&(ts_launch_source){c.checkpoint, c.job_path, (const char *const *)c.sets, c.nsets});
     } else if (c.mode == MODE_CONSOLIDATE) {
-        /* by default beside the checkpoint: <its folder>/consolidated */
         char out[4200];
-        snprintf(out, sizeof out, "%s", c.out ? c.out : c.checkpoint);
-        char *slash = strrchr(out, '/');
-        if (!c.out && slash && slash[1]) snprintf(slash + 1, sizeof out - (size_t)(slash + 1 - out), "consolidated");
-        else if (!c.out) snprintf(out, sizeof out, "consolidated");
+        if (c.out) snprintf(out, sizeof out, "%s", c.out);
+        else consolidated_beside(c.checkpoint, out, sizeof out);
         code = ts_launch_consolidate(c.checkpoint, out);
     } else if (c.mode == MODE_GENERATE) {
         code = ts_launch_generate(&(ts_launch_source){c.checkpoint, c.job_path, (const char *const *)c.sets, c.nsets},

@@ -215,6 +215,23 @@ static void test_device_messages(void **state) {
     assert_true(strstr(log, "cuda:0: no CUDA device") || strstr(log, "no kernels for device cuda:0 in this build"));
 }
 
+/* --consolidate of a checkpoint named with a trailing slash writes beside
+ * it (checkpoints/consolidated) as without the slash, not into the working
+ * folder. */
+static void test_consolidate_trailing_slash(void **state) {
+    (void)state;
+    static char log[16384];
+    char dir[300], path[500], prefix[300];
+    snprintf(dir, sizeof dir, "%s/cons", base);
+    assert_int_equal(run("cons-train", log, sizeof log, MLP_JOB " --set steps=4 --run-dir %s", dir), 0);
+    snprintf(prefix, sizeof prefix, "cd %s &&", base);
+    assert_int_equal(run_prog(prefix, "tessera-run", "cons", log, sizeof log, "--consolidate cons/checkpoints/step-4/"), 0);
+    snprintf(path, sizeof path, "%s/checkpoints/consolidated/step-4/state.json", dir);
+    if (access(path, F_OK) != 0) fail_msg("no %s:\n%s", path, log);
+    snprintf(path, sizeof path, "%s/consolidated", base);
+    assert_int_not_equal(access(path, F_OK), 0);
+}
+
 /* Entries of folder dir other than . and .. */
 static int count_entries(const char *dir) {
     DIR *d = opendir(dir);
@@ -266,6 +283,7 @@ int main(void) {
         cmocka_unit_test(test_model_too_big),
         cmocka_unit_test(test_messages_name_the_thing),
         cmocka_unit_test(test_device_messages),
+        cmocka_unit_test(test_consolidate_trailing_slash),
         cmocka_unit_test(test_plot_leaves_nothing),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
