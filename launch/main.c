@@ -1,5 +1,7 @@
 /* main.c - tessera-run: command line and dispatch to the run modes. */
+#include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +51,9 @@ static const char usage[] =
     "      threads, ZeroMQ/CURVE, MPI, CUDA\n"
     "  tessera-run --help\n";
 
+/* The longest --generate (as tessera-serve's --max-tokens at most). */
+enum { MAX_TOKENS = 1 << 20 };
+
 /* Parsed command line. */
 typedef struct {
     enum { MODE_RUN, MODE_JOIN, MODE_STATUS, MODE_MPI, MODE_EVAL, MODE_CONSOLIDATE, MODE_GENERATE, MODE_EXPORT, MODE_PLOT, MODE_ENV } mode;
@@ -81,6 +86,29 @@ static const char *flag_value(int argc, char **argv, int *i, const char *flag) {
         exit(2);
     }
     return argv[++*i];
+}
+
+/* Integer value v of flag in [lo, hi]; anything else exits 2 naming both. */
+static long long int_flag(const char *flag, const char *v, long long lo, long long hi) {
+    char *end;
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    if (*v == '\0' || *end != '\0' || errno || n < lo || n > hi) {
+        fprintf(stderr, "tessera-run: %s: \"%s\" is not an integer in [%lld, %lld]\n", flag, v, lo, hi);
+        exit(2);
+    }
+    return n;
+}
+
+/* Positive finite value v of flag; anything else exits 2 naming both. */
+static double positive_flag(const char *flag, const char *v) {
+    char *end;
+    double x = strtod(v, &end);
+    if (*v == '\0' || *end != '\0' || !isfinite(x) || !(x > 0)) {
+        fprintf(stderr, "tessera-run: %s: \"%s\" is not a positive number\n", flag, v);
+        exit(2);
+    }
+    return x;
 }
 
 static int parse_cli(int argc, char **argv, cli *c) {
@@ -134,13 +162,13 @@ static int parse_cli(int argc, char **argv, cli *c) {
         } else if ((v = flag_value(argc, argv, &i, "--prompt"))) {
             c->prompt = v;
         } else if ((v = flag_value(argc, argv, &i, "--tokens"))) {
-            c->tokens = atoi(v);
+            c->tokens = (int)int_flag("--tokens", v, 0, MAX_TOKENS);
         } else if ((v = flag_value(argc, argv, &i, "--top-k"))) {
-            c->top_k = atoi(v);
+            c->top_k = (int)int_flag("--top-k", v, 0, INT_MAX);
         } else if ((v = flag_value(argc, argv, &i, "--temperature"))) {
-            c->temperature = atof(v);
+            c->temperature = positive_flag("--temperature", v);
         } else if ((v = flag_value(argc, argv, &i, "--seed"))) {
-            c->seed = strtoull(v, NULL, 10);
+            c->seed = (unsigned long long)int_flag("--seed", v, 0, LLONG_MAX);
         } else if ((v = flag_value(argc, argv, &i, "--key-file"))) {
             c->key_file = v;
         } else if ((v = flag_value(argc, argv, &i, "--run-dir"))) {

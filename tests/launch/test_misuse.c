@@ -215,6 +215,24 @@ static void test_device_messages(void **state) {
     assert_true(strstr(log, "cuda:0: no CUDA device") || strstr(log, "no kernels for device cuda:0 in this build"));
 }
 
+/* --generate's numbers are checked as the command line is read: a
+ * negative, partial or out-of-range count, temperature, top-k or seed
+ * exits 2 naming the flag and the value. */
+static void test_generate_numbers(void **state) {
+    (void)state;
+    static char log[16384];
+    const char *bad[][2] = {{"--tokens", "-10"},     {"--tokens", "10x"}, {"--tokens", "99999999999"},
+                            {"--top-k", "-1"},       {"--top-k", ""},     {"--temperature", "hot"},
+                            {"--temperature", "0"},  {"--temperature", "inf"}, {"--seed", "-1"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(run("gen-number", log, sizeof log, "--generate %s/none --prompt x %s='%s'", base, bad[i][0],
+                             bad[i][1]), 2);
+        char want[64];
+        snprintf(want, sizeof want, "%s: \"%s\"", bad[i][0], bad[i][1]);
+        expect_text(log, want);
+    }
+}
+
 /* --consolidate of a checkpoint named with a trailing slash writes beside
  * it (checkpoints/consolidated) as without the slash, not into the working
  * folder. */
@@ -283,6 +301,7 @@ int main(void) {
         cmocka_unit_test(test_model_too_big),
         cmocka_unit_test(test_messages_name_the_thing),
         cmocka_unit_test(test_device_messages),
+        cmocka_unit_test(test_generate_numbers),
         cmocka_unit_test(test_consolidate_trailing_slash),
         cmocka_unit_test(test_plot_leaves_nothing),
     };
