@@ -80,7 +80,8 @@ int ts_launch_plot(const char *run_dir, char *png, size_t cap) {
     if (evals) fclose(evals);
     int rc = 1;
     if (n_eval < 0) fprintf(stderr, "tessera-run --plot: cannot read %s/metrics.jsonl\n", run_dir);
-    else if (!n_steps) fprintf(stderr, "tessera-run --plot: %s/metrics.jsonl holds no step to draw\n", run_dir);
+    else if (!n_steps && !n_eval)
+        fprintf(stderr, "tessera-run --plot: %s/metrics.jsonl holds no step or evaluation to draw\n", run_dir);
     else rc = draw(sp, ep, n_eval, tmp);
     remove(sp);
     remove(ep);

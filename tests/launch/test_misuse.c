@@ -261,7 +261,7 @@ static int count_entries(const char *dir) {
 }
 
 /* --plot of a folder without metrics.jsonl, or of one whose metrics.jsonl
- * holds no step to draw, exits 1 and leaves the folder as it was: no data
+ * holds nothing to draw, exits 1 and leaves the folder as it was: no data
  * files behind, an earlier metrics.png untouched. */
 static void test_plot_leaves_nothing(void **state) {
     (void)state;
