@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static void atomic_free(ts_io_atomic *a) {
@@ -16,6 +17,25 @@ static void atomic_free(ts_io_atomic *a) {
     free(a->tmp);
     a->path = a->tmp = NULL;
     a->f = NULL;
+}
+
+/* Creates a new temp file next to path as a->tmp ("<path>.tmp-XXXXXX",
+ * the Xs from the pid, the clock and a counter), with mode 0666 less the
+ * umask as any file the user makes (mkstemp's 0600 would keep exported
+ * models and checkpoints from every other account). Returns its fd. */
+static int create_temp(ts_io_atomic *a, size_t cap) {
+    static _Atomic unsigned counter;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    unsigned mix = (unsigned)getpid() * 2654435761u ^ (unsigned)now.tv_nsec;
+    for (int tries = 0; tries < 64; tries++) {
+        unsigned tag = (mix + counter++ * 40503u) & 0xffffffu;
+        snprintf(a->tmp, cap, "%s.tmp-%06x", a->path, tag);
+        int fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd >= 0 || errno != EEXIST) return fd;
+    }
+    errno = EEXIST;
+    return -1;
 }
 
 ts_status ts_io_atomic_open(ts_io_atomic *a, const char *path) {
@@ -27,8 +47,7 @@ ts_status ts_io_atomic_open(ts_io_atomic *a, const char *path) {
         atomic_free(a);
         return ts_error(TS_ERR_MEMORY, "atomic write %s: out of memory", path);
     }
-    snprintf(a->tmp, n + 12, "%s.tmp-XXXXXX", path);
-    int fd = mkstemp(a->tmp);
+    int fd = create_temp(a, n + 12);
     if (fd < 0) {
         ts_status s = ts_error(TS_ERR_IO, "atomic write %s: cannot create temp file: %s", path, strerror(errno));
         atomic_free(a);

@@ -21,7 +21,8 @@ typedef struct {
     char *tmp;  /* temp path in the same folder */
 } ts_io_atomic;
 
-/* Opens a temp file "<path>.tmp-XXXXXX" for writing. */
+/* Opens a new temp file "<path>.tmp-XXXXXX" for writing, of mode 0666
+ * less the umask (the final file's: not for secrets). */
 ts_status ts_io_atomic_open(ts_io_atomic *a, const char *path);
 /* Flushes, fsyncs, closes, renames onto the final path, fsyncs the folder.
  * On failure the temp file is removed. Frees a's fields either way. */

@@ -1,7 +1,8 @@
 /* test_checkpoint.c - step folders: full round trip of weights, optimizer
  * state, RNG keys, loader position, config and extra state; keep-last-N;
  * leftovers of a crashed save are never listed and get pruned; damaged,
- * truncated or missing files are refused with the file named. */
+ * truncated or missing files are refused with the file named; the files'
+ * modes follow the umask. */
 #include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -172,6 +173,31 @@ static void expect_open_error(int64_t step, const char *msg) {
     if (ck || !strstr(ts_last_error(), msg)) fail_msg("expected '%s', got '%s'", msg, ck ? "(opened)" : ts_last_error());
 }
 
+/* The files of a step folder have mode 0666 less the umask, as any file
+ * the user makes: an exported model or checkpoint is readable by the
+ * accounts the umask lets read it. Before, every file was 0600. */
+static void test_files_follow_umask(void **state) {
+    (void)state;
+    const char *files[] = {"model.safetensors", "optim.safetensors", "state.json"};
+    mode_t masks[] = {022, 027};
+    for (int k = 0; k < 2; k++) {
+        mode_t was = umask(masks[k]);
+        ts_status s = save(30 + k, 1.0, 0);
+        umask(was);
+        assert_int_equal(s, TS_OK);
+        for (int i = 0; i < 3; i++) {
+            char dir[4096], path[4200];
+            struct stat sb;
+            step_path(dir, 30 + k);
+            snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+            assert_int_equal(stat(path, &sb), 0);
+            if ((sb.st_mode & 0777) != (0666 & ~masks[k]))
+                fail_msg("%s: mode %03o under umask %03o, not %03o", path, (unsigned)(sb.st_mode & 0777),
+                         (unsigned)masks[k], (unsigned)(0666 & ~masks[k]));
+        }
+    }
+}
+
 static void test_damaged_checkpoints_refused(void **state) {
     (void)state;
     for (int64_t s = 100; s <= 104; s++) assert_int_equal(save(s, 2.0, 0), TS_OK);
@@ -216,6 +242,7 @@ int main(void) {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_keep_last_and_crash_leftovers),
         cmocka_unit_test(test_damaged_checkpoints_refused),
+        cmocka_unit_test(test_files_follow_umask),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
