@@ -445,7 +445,10 @@ void th_fault_logs_every_step(const char *name, int steps, const char *parallel,
     assert_non_null(got);
     th_run_job(whole, "mlp", k, 16, 1, parallel, false, want);
 
-    const char *job = th_job_file(name, "mlp", steps, 16, 1, parallel);
+    char faulty[1024];
+    snprintf(faulty, sizeof faulty, "%s, \"min_workers\": 2, \"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 5000",
+             parallel);
+    const char *job = th_job_file(name, "mlp", steps, 16, 1, faulty);
     const char *dir = th_path(name);
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
     setenv("TESSERA_FAULT", fault, 1);
@@ -453,6 +456,7 @@ void th_fault_logs_every_step(const char *name, int steps, const char *parallel,
     unsetenv("TESSERA_FAULT");
     if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after the fault");
     if (th_count(&run, says) < 1) th_dump(&run, "the fault did not happen as it should");
+    if (th_count(&run, "generation 1 at step -1: 0 servers, 4 workers") != 1) th_dump(&run, "the job began without 4");
     th_expect_steps_once(dir, steps);
     th_losses(dir, got, steps);
     th_expect_same(got, want, 1, k, "the steps up to the fault, against a run without it");

@@ -128,10 +128,12 @@ void th_kill_in_eval(const char *name, const char *strategy, const char *paralle
 void th_interrupt_resume(const char *name, int steps, int batch, const char *parallel, int at);
 
 /* Runs the job `name` (th_job_file's "mlp", steps, batch 16, parallel:
- * 4 workers that may drop to 3) with TESSERA_FAULT=fault, which ends a
- * worker inside step k (worker/dp_group.h), and fails unless tessera-run
+ * 4 workers) with TESSERA_FAULT=fault, which ends a worker inside step k
+ * (worker/dp_group.h), the job going on at 3, and fails unless tessera-run
  * exits 0 having printed `says`, metrics.jsonl logs every step once, and
- * steps 1 .. k log the losses of the same job run without the fault. */
+ * steps 1 .. k log the losses of the same job run without the fault. The
+ * faulty run may go down to 2 workers, and starts with all 4: its
+ * rendezvous waits one heartbeat timeout (5 s) for the last ones. */
 void th_fault_logs_every_step(const char *name, int steps, const char *parallel, const char *fault, int k,
                               const char *says);
 

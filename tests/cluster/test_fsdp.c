@@ -416,8 +416,7 @@ static void test_sums_split(void **state) {
 static void test_leader_exit(void **state) {
     (void)state;
     th_fault_logs_every_step("fsdp-leader-exit", 30,
-                             "\"strategy\": \"fsdp\", \"workers\": 4, \"min_workers\": 2, "
-                             "\"fsdp_neighbour_copy\": true, \"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 1500",
+                             "\"strategy\": \"fsdp\", \"workers\": 4, \"fsdp_neighbour_copy\": true",
                              "leader_exit@15", 15, "rebuilt from this rank's copy at step 15");
 }
 
