@@ -464,6 +464,16 @@ void th_fault_logs_every_step(const char *name, int steps, const char *parallel,
     free(got);
 }
 
+th_proc th_start_joiner(const char *tag, const char *job, const char *dir, const char *const *more) {
+    char addr[256], key[4200], addr_file[4200];
+    snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", dir);
+    snprintf(key, sizeof key, "%s/job.key", dir);
+    assert_int_equal(th_read_line(addr_file, addr, sizeof addr, 2000), 0);
+    const char *argv[16] = {"tessera-run", "--join", addr, "--key-file", key, job};
+    for (int i = 0; more && more[i] && i < 8; i++) argv[6 + i] = more[i];
+    return th_start(tag, argv);
+}
+
 void th_run_losses(const char *tag, const char *const *argv, const char *run_dir, double *loss, int steps) {
     th_proc p = th_start(tag, argv);
     if (th_wait(&p, 240000) != 0) th_dump(&p, "the run did not exit 0");

@@ -137,6 +137,12 @@ void th_interrupt_resume(const char *name, int steps, int batch, const char *par
 void th_fault_logs_every_step(const char *name, int steps, const char *parallel, const char *fault, int k,
                               const char *says);
 
+/* Starts `tessera-run --join` (output tagged tag) for job file job against
+ * the running job whose run folder dir holds scheduler.addr and job.key,
+ * with the arguments more after it (NULL-terminated, at most 8; NULL:
+ * none). */
+th_proc th_start_joiner(const char *tag, const char *job, const char *dir, const char *const *more);
+
 /* Fails unless got[s] is want[s] within 1e-5 relative for s in [from, to]. */
 void th_expect_same(const double *got, const double *want, int from, int to, const char *what);
 

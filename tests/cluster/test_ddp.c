@@ -373,12 +373,7 @@ static void test_join(void **state) {
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
     th_proc run = th_start("ddp-join", argv);
     if (th_wait_for(&run, "step 10/2000", 60000) != 0) dump(&run, "no step 10");
-    char addr[256], key[4200], addr_file[4200];
-    snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", dir);
-    snprintf(key, sizeof key, "%s/job.key", dir);
-    assert_int_equal(th_read_line(addr_file, addr, sizeof addr, 2000), 0);
-    const char *jargv[] = {"tessera-run", "--join", addr, "--key-file", key, job, NULL};
-    th_proc joiner = th_start("ddp-joiner", jargv);
+    th_proc joiner = th_start_joiner("ddp-joiner", job, dir, NULL);
     if (th_wait_for(&run, "world size 2 -> 3 workers", 20000) != 0) dump(&run, "no generation of 3");
     if (th_wait(&joiner, 240000) != 0) dump(&joiner, "the joined worker did not exit 0");
     if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0 with a joined worker");
@@ -391,13 +386,8 @@ static void test_join(void **state) {
  * exited non-zero saying the scheduler refused its job. */
 static void expect_join_refused(const char *tag, const char *run_dir, const char *job, const char *set1,
                                 const char *set2) {
-    char addr[256], key[4200], addr_file[4200];
-    snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", run_dir);
-    snprintf(key, sizeof key, "%s/job.key", run_dir);
-    assert_int_equal(th_read_line(addr_file, addr, sizeof addr, 2000), 0);
-    const char *argv[] = {"tessera-run", "--join", addr, "--key-file", key, job, "--set", set1,
-                          "--set", set2, "--run-dir", th_path(tag), NULL};
-    th_proc joiner = th_start(tag, argv);
+    const char *more[] = {"--set", set1, "--set", set2, "--run-dir", th_path(tag), NULL};
+    th_proc joiner = th_start_joiner(tag, job, run_dir, more);
     int rc = th_wait(&joiner, 30000);
     if (rc <= 0) dump(&joiner, "a worker of another job did not give up its join");
     if (th_count(&joiner, "model, optimizer or schedule differ") != 1) dump(&joiner, "the refusal does not say why");

@@ -420,20 +420,6 @@ static void test_leader_exit(void **state) {
                              "leader_exit@15", 15, "rebuilt from this rank's copy at step 15");
 }
 
-/* Starts `tessera-run --join` (output tagged tag) for the job file job
- * whose run folder dir holds the scheduler's address and key, with
- * --run-dir run_dir (NULL: none; the worker then writes into the key
- * file's folder, the job's, as every worker writes its shards). */
-static th_proc start_joiner(const char *tag, const char *job, const char *dir, const char *run_dir) {
-    char addr[256], key[4200], addr_file[4200];
-    snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", dir);
-    snprintf(key, sizeof key, "%s/job.key", dir);
-    assert_int_equal(th_read_line(addr_file, addr, sizeof addr, 2000), 0);
-    const char *argv[] = {"tessera-run", "--join", addr, "--key-file", key, job, "--run-dir", run_dir, NULL};
-    if (!run_dir) argv[6] = NULL;
-    return th_start(tag, argv);
-}
-
 /* A second worker joins while the shards move to the first joined one: a
  * worker of the move is stopped (SIGSTOP) until the second has been
  * admitted, so that the new generation arrives mid-move. Every rank keeps
@@ -454,10 +440,10 @@ static void test_join_during_move(void **state) {
     if (th_wait_for(&run, "step 10/1500", 60000) != 0) th_dump(&run, "no step 10");
     pid_t held = -1;
     if (th_joined_worker(&run, 1, &held) < 0) th_dump(&run, "no second worker's pid");
-    th_proc first = start_joiner("fsdp-join2-a", job, dir, dir);
+    th_proc first = th_start_joiner("fsdp-join2-a", job, dir, (const char *[]){"--run-dir", dir, NULL});
     if (th_wait_for(&run, "world size 2 -> 3 workers", 60000) != 0) th_dump(&run, "no generation of 3");
     kill(held, SIGSTOP);
-    th_proc second = start_joiner("fsdp-join2-b", job, dir, dir);
+    th_proc second = th_start_joiner("fsdp-join2-b", job, dir, (const char *[]){"--run-dir", dir, NULL});
     int admitted = th_wait_for(&run, "worker rank 3 admitted", 60000);
     usleep(300 * 1000);
     kill(held, SIGCONT);
@@ -502,10 +488,10 @@ static void test_join(void **state) {
     th_proc run = start_job("fsdp-join", "gpt", 600, 4, 2, ", \"max_workers\": 3, \"fsdp_neighbour_copy\": true", &dir);
     const char *job = th_path("fsdp-join.json");
     if (th_wait_for(&run, "step 10/600", 60000) != 0) th_dump(&run, "no step 10");
-    th_proc stray = start_joiner("fsdp-stray", job, dir, th_path("fsdp-stray"));
+    th_proc stray = th_start_joiner("fsdp-stray", job, dir, (const char *[]){"--run-dir", th_path("fsdp-stray"), NULL});
     if (th_wait(&stray, 30000) != 2) th_dump(&stray, "a joiner with another run folder was not refused");
     th_expect_output(&stray, "is not the job's run folder", 0);
-    th_proc joiner = start_joiner("fsdp-joiner", job, dir, NULL);
+    th_proc joiner = th_start_joiner("fsdp-joiner", job, dir, NULL);
     if (th_wait_for(&run, "world size 2 -> 3 workers", 60000) != 0) th_dump(&run, "no generation of 3");
     if (th_wait(&joiner, 240000) != 0) th_dump(&joiner, "the joined worker did not exit 0");
     if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 with a joined worker");

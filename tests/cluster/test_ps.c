@@ -258,12 +258,7 @@ static void test_join(void **state) {
     const char *run = th_path("run-join");
     th_proc p = start_run("join", job, run, NULL);
     th_expect_output(&p, "step 20/3000", 30000);
-    char addr[256], key[4200], addr_file[4200];
-    snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", run);
-    snprintf(key, sizeof key, "%s/job.key", run);
-    assert_int_equal(th_read_line(addr_file, addr, sizeof addr, 2000), 0);
-    const char *jargv[] = {"tessera-run", "--join", addr, "--key-file", key, job, "--run-dir", th_path("joiner"), NULL};
-    th_proc joiner = th_start("joiner", jargv);
+    th_proc joiner = th_start_joiner("joiner", job, run, NULL);
     th_expect_output(&joiner, "joined rank=", 20000);
     th_expect_output(&p, "world size 2 -> 3 workers", 20000);
     th_expect_output(&p, ": 3 workers", 0); /* the shards' quorum */
