@@ -43,12 +43,40 @@ ts_status ts_job_model_spec(const ts_job *job, ts_model_spec *spec) {
     return ts_model_units(spec) < 0 ? ts_last_status() : TS_OK;
 }
 
+/* Checks that every tensor of the job's model.init_from names a parameter
+ * of the whole model of spec, whose units are built one at a time for
+ * their names (a part of it loaded the file non-strictly). */
+static ts_status init_names_known(const ts_job *job, const ts_model_spec *spec) {
+    int units = ts_model_units(spec), n = 0, cap = 0;
+    char **names = NULL;
+    ts_status st = units < 0 ? ts_last_status() : TS_OK;
+    for (int u = 0; !st && u < units; u++) {
+        ts_model *part = ts_model_build(spec, u, u + 1, ts_key_from_seed(0), TS_F32);
+        if (!part) st = ts_last_status();
+        for (int i = 0; !st && i < part->n_params; i++) {
+            if (n == cap) {
+                char **more = realloc(names, (size_t)(cap = cap ? 2 * cap : 64) * sizeof *names);
+                if (!more) st = ts_error(TS_ERR_MEMORY, "init_from: out of memory for the model's names");
+                else names = more;
+            }
+            if (!st && !(names[n++] = strdup(part->params[i].name)))
+                st = ts_error(TS_ERR_MEMORY, "init_from: out of memory for the model's names");
+        }
+        ts_model_free(part);
+    }
+    if (!st) st = ts_weights_check_names(job->model.init_from, job->model.init_map, names, n);
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    return st;
+}
+
 ts_model *ts_job_model_build(const ts_job *job, const ts_model_spec *spec, const ts_unit_runs *runs) {
     ts_key key = ts_key_from_seed((uint64_t)job->seed);
     ts_model *m = runs ? ts_model_build_runs(spec, runs, key, TS_F32) : ts_model_build(spec, 0, -1, key, TS_F32);
     if (!m || !job->model.init_from[0]) return m;
     bool whole = !runs || ts_unit_runs_all(runs, spec);
-    if (ts_weights_load(m, job->model.init_from, job->model.init_map, whole)) {
+    if (ts_weights_load(m, job->model.init_from, job->model.init_map, whole) ||
+        (!whole && init_names_known(job, spec))) {
         ts_model_free(m);
         return NULL;
     }

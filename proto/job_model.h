@@ -19,7 +19,8 @@ ts_status ts_job_model_spec(const ts_job *job, ts_model_spec *spec);
 /* Builds the units of runs (NULL: all) of spec, job's model, from the
  * job's seed, then, when model.init_from names a weights file, loads those
  * weights through model.init_map (ts_weights_load; strict for the whole
- * model, a part takes its own parameters from the file). */
+ * model, a part takes its own parameters from the file, and every other
+ * tensor there must name a parameter of another part). */
 ts_model *ts_job_model_build(const ts_job *job, const ts_model_spec *spec, const ts_unit_runs *runs);
 
 /* Drops the job's model.init_from and model.init_map: its model's weights

@@ -198,6 +198,14 @@ typedef struct {
     bool transpose; /* the file holds its transpose */
 } source;
 
+/* The error for file tensor `file_name` of st, `name` after the map, that
+ * names no parameter of the model. */
+static ts_status not_a_parameter(const ts_safetensors *st, const char *file_name, const char *name) {
+    bool mapped = strcmp(name, file_name) != 0;
+    return ts_error(TS_ERR_VALUE, "init_from %s: tensor '%s'%s%s%s is not a parameter of the model", st->path,
+                    file_name, mapped ? " (mapped to '" : "", mapped ? name : "", mapped ? "')" : "");
+}
+
 /* Finds the source of every parameter of m in st through map; checks names,
  * shapes and dtypes. */
 static ts_status match_entries(const ts_model *m, const ts_safetensors *st, const ts_name_map *map, bool strict,
@@ -216,9 +224,7 @@ static ts_status match_entries(const ts_model *m, const ts_safetensors *st, cons
             if (strcmp(m->params[i].name, name) == 0) p = i;
         if (p < 0) {
             if (!strict) continue;
-            return ts_error(TS_ERR_VALUE, "init_from %s: tensor '%s'%s%s%s is not a parameter of the model", st->path,
-                            e->name, strcmp(name, e->name) ? " (mapped to '" : "", strcmp(name, e->name) ? name : "",
-                            strcmp(name, e->name) ? "')" : "");
+            return not_a_parameter(st, e->name, name);
         }
         if (src[p].entry >= 0)
             return ts_error(TS_ERR_VALUE, "init_from %s: tensors '%s' and '%s' both give parameter '%s'", st->path,
@@ -277,6 +283,23 @@ ts_status ts_weights_load(ts_model *m, const char *path, const char *map_path, b
     for (int i = 0; !s && i < m->n_params; i++) s = copy_entry(st, &src[i], &m->params[i]);
     if (!s) s = ts_model_sync_compute(m);
     free(src);
+    ts_safetensors_close(st);
+    ts_name_map_free(map);
+    return s;
+}
+
+ts_status ts_weights_check_names(const char *path, const char *map_path, char *const *names, int n) {
+    ts_name_map *map = NULL;
+    if (map_path && *map_path && !(map = ts_name_map_load(map_path))) return ts_last_status();
+    ts_safetensors *st = ts_safetensors_open(path);
+    ts_status s = st ? TS_OK : ts_last_status();
+    for (int k = 0; !s && k < st->n; k++) {
+        char name[NAME_LEN];
+        bool tr, known = false;
+        int r = ts_name_map_apply(map, st->entries[k].name, name, sizeof name, &tr);
+        for (int i = 0; r > 0 && i < n && !known; i++) known = strcmp(names[i], name) == 0;
+        if (r > 0 && !known) s = not_a_parameter(st, st->entries[k].name, name);
+    }
     ts_safetensors_close(st);
     ts_name_map_free(map);
     return s;

@@ -46,4 +46,10 @@ int ts_name_map_apply(const ts_name_map *map, const char *src, char *dst, size_t
  * pipeline stage, passes false). Syncs the bf16 compute copy. */
 ts_status ts_weights_load(ts_model *m, const char *path, const char *map_path, bool strict);
 
+/* The whole model's check for a part of it that loaded non-strictly:
+ * every tensor of the file at path (through the map at map_path; those it
+ * ignores aside) names one of the n parameter names, else an error names
+ * it. */
+ts_status ts_weights_check_names(const char *path, const char *map_path, char *const *names, int n);
+
 #endif

@@ -108,11 +108,27 @@ static void test_train_from_weights(void **state) {
     assert_non_null(strstr(out, "model.init_map"));
 }
 
+/* A pipeline's stages each load their part of the file; a tensor of it
+ * that belongs to no stage (a file of 2 blocks, a job of 1) is refused as
+ * a local run refuses it. Before, the stages ignored it. */
+static void test_pipeline_from_weights(void **state) {
+    (void)state;
+#define PIPE_JOB                                                                                                 \
+    GPT_JOB " --set model.init_map=examples/maps/gpt2_hf.json --set model.init_from=%s/gpt_hf.safetensors "     \
+            "--set steps=2 --set schedule.warmup_steps=0 --set train.eval_batches=1 "                              \
+            "--set parallel.strategy='\"pipeline\"' --set parallel.stages=2 --run-dir %s/%s"
+    assert_int_equal(run(PIPE_JOB, dir, dir, "pipe-2"), 0);
+    assert_int_not_equal(run(PIPE_JOB " --set model.n_layer=1", dir, dir, "pipe-1"), 0);
+    assert_non_null(strstr(out, "'transformer.h.1.ln_1.weight' (mapped to 'blocks.1.ln1.weight') is not a parameter"));
+#undef PIPE_JOB
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_eval_weights),
         cmocka_unit_test(test_generate_hf_names),
         cmocka_unit_test(test_train_from_weights),
+        cmocka_unit_test(test_pipeline_from_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
