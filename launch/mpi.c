@@ -3,8 +3,10 @@
  * Every process finds its role (by MPI rank, or --role for MPMD launches),
  * the roles are gathered so each process knows the layout, the scheduler's
  * process generates the job key, starts the scheduler in-process and
- * broadcasts its endpoint and the key file bytes; the others write the key
- * to a 0600 file in a private temporary folder. The node then runs in this
+ * broadcasts its endpoint and the key file bytes; every process holds the
+ * key in an anonymous memory file (memfd, 0600) that it names by its
+ * /proc/self/fd path, so that no key lies on disk, not even after a rank
+ * was killed. The node then runs in this
  * process (ts_sched_run, ts_ps_run or ts_worker_run) with MPI
  * initialised, so that its strategy can use MPI, and MPI is finalised after
  * it returns.
@@ -16,12 +18,13 @@
 #if TESSERA_WITH_MPI
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <mpi.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "collective/mpi.h"
@@ -80,15 +83,35 @@ static long read_key(const char *path, char *buf, size_t cap) {
     return bad ? -1 : (long)n;
 }
 
-/* Writes the key bytes to a new 0600 file in the private folder dir. */
-static int write_key(const char *dir, const char *bytes, long n, char *path,
-                     size_t cap) {
-    snprintf(path, cap, "%s/job.key", dir);
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+/* Makes a new job key in a private temporary folder and reads its bytes
+ * into buf, removing the file and the folder at once; returns the length
+ * or -1 (errno, or ts_last_error, says why). */
+static long new_key(char *buf, size_t cap) {
+    char dir[] = "/tmp/tessera-mpi-XXXXXX", path[sizeof dir + 8];
+    if (!mkdtemp(dir)) return -1;
+    snprintf(path, sizeof path, "%s/job.key", dir);
+    long n = ts_secure_keygen(path, NULL) == TS_OK ? read_key(path, buf, cap) : -1;
+    int err = errno;
+    unlink(path);
+    rmdir(dir);
+    errno = err;
+    return n;
+}
+
+/* Puts the key bytes in an anonymous memory file of mode 0600 and writes
+ * its name (/proc/self/fd/N) into path; it goes with the process, however
+ * that ends. Returns the descriptor or -1. */
+static int hold_key(const char *bytes, long n, char *path, size_t cap) {
+    int fd = memfd_create("tessera-job-key", MFD_CLOEXEC);
     if (fd < 0) return -1;
-    int ok = write(fd, bytes, (size_t)n) == (ssize_t)n;
-    ok = close(fd) == 0 && ok;
-    return ok ? 0 : -1;
+    if (fchmod(fd, 0600) != 0 || write(fd, bytes, (size_t)n) != (ssize_t)n) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    snprintf(path, cap, "/proc/self/fd/%d", fd);
+    return fd;
 }
 
 int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
@@ -139,31 +162,29 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
     if (job.parallel.min_workers > nworkers) job.parallel.min_workers = nworkers;
     if (job.parallel.max_workers < nworkers) job.parallel.max_workers = nworkers;
 
-    char dir[] = "/tmp/tessera-mpi-XXXXXX";
     char key_path[PATH_MAX] = "";
     char *key = calloc(1, KEY_FILE_MAX);
     char endpoint[TS_PROTO_ADDR_MAX + 1] = "";
     ts_sched *sched = NULL;
     long key_len = -1;
-    int made_dir = 0;
+    int key_fd = -1;
     if (!key) MPI_Abort(MPI_COMM_WORLD, 1);
 
     if (rank == root) {
-        int ok = job.parallel.key_file[0] != '\0' || mkdtemp(dir) != NULL;
-        made_dir = ok && !job.parallel.key_file[0];
-        if (job.parallel.key_file[0])
+        if (job.parallel.key_file[0]) {
             snprintf(key_path, sizeof key_path, "%s", job.parallel.key_file);
-        else if (ok)
-            snprintf(key_path, sizeof key_path, "%s/job.key", dir);
-        if (ok && !job.parallel.key_file[0] && ts_secure_keygen(key_path, NULL) != TS_OK)
-            ok = 0;
-        if (ok) key_len = read_key(key_path, key, KEY_FILE_MAX);
+            key_len = read_key(key_path, key, KEY_FILE_MAX);
+        } else {
+            key_len = new_key(key, KEY_FILE_MAX);
+            if (key_len >= 0 && (key_fd = hold_key(key, key_len, key_path, sizeof key_path)) < 0)
+                key_len = -1;
+        }
         /* the scheduler ends the job by its steps: the epochs' at this world */
         if (key_len >= 0 && ts_trainer_steps(&job, &job.steps) != TS_OK) {
             fprintf(stderr, "tessera-run --mpi: %s\n", ts_last_error());
             key_len = -1;
         } else if (key_len < 0) {
-            fprintf(stderr, "tessera-run --mpi: job key %s: %s\n", key_path,
+            fprintf(stderr, "tessera-run --mpi: job key %s: %s\n", key_path[0] ? key_path : "(a new one)",
                     ts_last_error()[0] ? ts_last_error() : strerror(errno));
         } else {
             ts_argv a = {0};
@@ -197,11 +218,11 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
     MPI_Bcast(endpoint, sizeof endpoint, MPI_CHAR, root, MPI_COMM_WORLD);
     int wrote = 1;
     if (rank != root) {
-        made_dir = mkdtemp(dir) != NULL;
-        wrote = made_dir && write_key(dir, key, key_len, key_path, sizeof key_path) == 0;
+        key_fd = hold_key(key, key_len, key_path, sizeof key_path);
+        wrote = key_fd >= 0;
         if (!wrote)
-            fprintf(stderr, "tessera-run --mpi: rank %d: cannot write the job key "
-                            "under %s: %s\n", rank, dir, strerror(errno));
+            fprintf(stderr, "tessera-run --mpi: rank %d: cannot hold the job key in a memory file: %s\n", rank,
+                    strerror(errno));
     }
     free(key);
     /* each role's processes in a communicator of their own (the workers'
@@ -224,10 +245,7 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
                                 .run_dir = run_dir, .resume = o->resume, .prog = "tessera-run --mpi", .mpi_comm = &group};
         code = ts_worker_run(&wo);
     }
-    if (made_dir) {
-        unlink(key_path);
-        rmdir(dir);
-    }
+    if (key_fd >= 0) close(key_fd);
     if (code != 0) {
         /* the job cannot go on without this node, and a collective it gave
          * up on may still be in flight (MPI cannot cancel one): end every

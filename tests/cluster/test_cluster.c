@@ -5,6 +5,7 @@
  * and that no process is left behind. Run one test by name:
  * cluster_test_cluster <name> (ctest registers one entry per test).
  */
+#include <dirent.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -441,6 +442,54 @@ static void test_mpirun_layout(void **state) {
     }
 }
 
+/* Folders /tmp/tessera-mpi-* whose job.key holds the text of key_file. */
+static int key_copies(const char *key_file) {
+    char want[2048], got[2048], path[600];
+    FILE *f = fopen(key_file, "r");
+    assert_non_null(f);
+    size_t n = fread(want, 1, sizeof want, f);
+    fclose(f);
+    int copies = 0;
+    DIR *tmp = opendir("/tmp");
+    assert_non_null(tmp);
+    for (struct dirent *e; (e = readdir(tmp));) {
+        if (strncmp(e->d_name, "tessera-mpi-", 12) != 0) continue;
+        snprintf(path, sizeof path, "/tmp/%s/job.key", e->d_name);
+        FILE *k = fopen(path, "r");
+        if (!k) continue;
+        copies += fread(got, 1, sizeof got, k) == n && memcmp(got, want, n) == 0;
+        fclose(k);
+    }
+    closedir(tmp);
+    return copies;
+}
+
+/* A rank killed -9 under mpirun ends the job within seconds, and no rank
+ * leaves the job key behind on disk (the killed one could not remove a
+ * copy, and mpirun kills the others before they do). */
+static void test_mpirun_killed_rank(void **state) {
+    (void)state;
+    th_need_mpirun();
+    const char *key = th_path("mpi-kill.key");
+    assert_int_equal(ts_secure_keygen(key, NULL), TS_OK);
+    char extra[1024];
+    snprintf(extra, sizeof extra, "\"key_file\": \"%s\"", key);
+    const char *job = job_file("mpi-kill", 100000, 2, 1, 20, extra);
+    char run_bin[4200];
+    snprintf(run_bin, sizeof run_bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
+    const char *argv[] = {"mpirun", "-np", "4", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
+                          run_bin, "--mpi", job, NULL};
+    th_proc p = th_start("mpi-kill", argv);
+    if (th_wait_for(&p, "step 5 world 2", 30000) != 0) th_dump(&p, "the job did not reach step 5");
+    pid_t victim = th_child(p.pid, NULL, 3); /* mpirun's children are its ranks */
+    if (victim <= 0) th_dump(&p, "mpirun has fewer than 4 ranks");
+    kill(victim, SIGKILL);
+    int rc = th_mpirun_status(&p, 20000);
+    if (rc <= 0) th_dump(&p, "mpirun did not end non-zero within 20 s of a rank's death");
+    assert_int_equal(key_copies(key), 0);
+    th_leftovers();
+}
+
 int main(int argc, char **argv) {
     th_init();
     const struct CMUnitTest tests[] = {
@@ -450,6 +499,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_stopped_worker), cmocka_unit_test(test_scheduler_stall),
         cmocka_unit_test(test_scheduler_stall_8_nodes), cmocka_unit_test(test_scheduler_killed),
         cmocka_unit_test(test_mpirun),        cmocka_unit_test(test_mpirun_layout),
+        cmocka_unit_test(test_mpirun_killed_rank),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
