@@ -782,9 +782,13 @@ static ts_status open_socket(ps_server *sv, int64_t numel) {
     snprintf(bind, sizeof bind, "tcp://%s:0", sv->o->job->parallel.bind);
     if (zmq_bind(sv->sock, bind) != 0)
         return ts_error(TS_ERR_IO, "ps: cannot bind %s: %s", bind, zmq_strerror(zmq_errno()));
-    size_t len = sizeof sv->endpoint;
-    if (zmq_getsockopt(sv->sock, ZMQ_LAST_ENDPOINT, sv->endpoint, &len) != 0)
+    char bound[TS_PROTO_ADDR_MAX + 1];
+    size_t len = sizeof bound;
+    if (zmq_getsockopt(sv->sock, ZMQ_LAST_ENDPOINT, bound, &len) != 0)
         return ts_error(TS_ERR_IO, "ps: ZMQ_LAST_ENDPOINT: %s", zmq_strerror(zmq_errno()));
+    /* bound to every interface (0.0.0.0): the workers of other hosts reach
+     * it by this host's name */
+    ts_proto_public_endpoint(bound, sv->endpoint, sizeof sv->endpoint);
     return TS_OK;
 }
 
