@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The cluster itself: nodes, names, isolation from the host's network, rate
-# limits set, cut and heal, two clusters at once, bad input, and down
+# limits set, cut and heal, two clusters at once, bad input (rates out of
+# range; numbers with a leading zero are decimal), and down
 # removing everything (also what still runs on the nodes), idempotently.
 . "$(dirname "$0")/lib.sh"
 netsim_init basics
@@ -13,10 +14,19 @@ host_net > "$TMP/host.before"
 grep -q -- "--nodes 0: expected 1..250" "$TMP/err" || fail "up --nodes 0: $(cat "$TMP/err")"
 ! ns up --rate fast 2> "$TMP/err" || fail "up --rate fast succeeded"
 grep -q -- "--rate fast: expected" "$TMP/err" || fail "up --rate fast: $(cat "$TMP/err")"
+for rate in 0bit 7bit 1001gbit 99999999999gbit; do
+    ! ns up --rate $rate 2> "$TMP/err" || fail "up --rate $rate succeeded"
+    grep -q -- "--rate $rate: expected a rate of 8bit..1000gbit" "$TMP/err" || fail "up --rate $rate: $(cat "$TMP/err")"
+done
 ! "$NETSIM" --name 'a b' up 2> "$TMP/err" || fail "a cluster name with a space was taken"
 ! ns exec n0 true 2> "$TMP/err" || fail "exec on a cluster that does not exist succeeded"
 grep -q "cluster $NAME does not exist" "$TMP/err" || fail "exec: $(cat "$TMP/err")"
 [ -z "$(ip netns list | grep "^$NAME-" || true)" ] || fail "bad input left namespaces"
+
+# numbers are decimal, also with a leading zero
+ns up --nodes 010 --rate 010mbit
+[ "$(ns nodes | wc -l)" -eq 10 ] || fail "up --nodes 010 made $(ns nodes | wc -l) nodes"
+ns down
 
 ns up --nodes 3 --rate 100mbit
 printf 'n0 10.77.0.1\nn1 10.77.0.2\nn2 10.77.0.3\n' | diff - <(ns nodes) || fail "nodes"
