@@ -114,6 +114,27 @@ static int hold_key(const char *bytes, long n, char *path, size_t cap) {
     return fd;
 }
 
+/* Whether every rank can reach the scheduler of root, bound to job's
+ * parallel.bind: a loopback address only from root's own host. When not,
+ * root says so, naming the hosts. Collective. */
+static bool scheduler_reachable(const ts_job *job, int rank, int root) {
+    char host[MPI_MAX_PROCESSOR_NAME] = "", root_host[MPI_MAX_PROCESSOR_NAME] = "";
+    int len, elsewhere, ranks = 0;
+    MPI_Get_processor_name(host, &len);
+    memcpy(root_host, host, sizeof host);
+    MPI_Bcast(root_host, sizeof root_host, MPI_CHAR, root, MPI_COMM_WORLD);
+    elsewhere = strcmp(host, root_host) != 0;
+    MPI_Allreduce(&elsewhere, &ranks, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    const char *bind = job->parallel.bind;
+    bool loopback = strncmp(bind, "127.", 4) == 0 || strcmp(bind, "localhost") == 0 || strcmp(bind, "::1") == 0;
+    if (!loopback || ranks == 0) return true;
+    if (rank == root)
+        fprintf(stderr, "tessera-run --mpi: the scheduler on host %s binds %s (parallel.bind), which the %d ranks "
+                        "on other hosts cannot reach: set parallel.bind to an address of %s, or 0.0.0.0\n",
+                root_host, bind, ranks, root_host);
+    return false;
+}
+
 int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
                   char **argv) {
     if (o->job.parallel.strategy == TS_STRATEGY_LOCAL) {
@@ -216,6 +237,13 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
     }
     MPI_Bcast(key, (int)key_len, MPI_CHAR, root, MPI_COMM_WORLD);
     MPI_Bcast(endpoint, sizeof endpoint, MPI_CHAR, root, MPI_COMM_WORLD);
+    if (!scheduler_reachable(&job, rank, root)) { /* nobody could join: everyone stops */
+        ts_sched_destroy(sched);
+        if (key_fd >= 0) close(key_fd);
+        free(key);
+        MPI_Finalize();
+        return 2;
+    }
     int wrote = 1;
     if (rank != root) {
         key_fd = hold_key(key, key_len, key_path, sizeof key_path);

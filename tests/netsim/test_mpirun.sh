@@ -2,7 +2,8 @@
 # mpirun across 4 nodes (started from n0, ranks on the others through
 # "tessera-netsim rsh"): the stand-in job of examples/standin.json (1
 # scheduler, 2 ps, 4 workers = 7 ranks) runs to completion over the nodes'
-# links, and each rank reports the node it ran on and that node's address.
+# links, and each rank reports the node it ran on and that node's address;
+# with the scheduler bound to 127.0.0.1 the job stops at once, saying why.
 . "$(dirname "$0")/lib.sh"
 command -v mpirun > /dev/null || skip "mpirun not found (Debian's openmpi-bin)"
 env_text=$("$BIN/tessera-run" --env 2>&1 || true)
@@ -49,4 +50,13 @@ grep -q "^listening tcp://n0:" "$TMP/mpirun.out" || fail "the scheduler is not o
     { cat "$TMP/mpirun.out" >&2; fail "not 4 workers at step 50"; }
 [ "$(grep -c "shutdown (code 0)" "$TMP/mpirun.out")" -eq 6 ] ||
     { cat "$TMP/mpirun.out" >&2; fail "not 2 ps + 4 workers shut down with code 0"; }
+
+# without parallel.bind the scheduler binds 127.0.0.1 of n0, which the ranks
+# of the other nodes cannot reach: every rank stops at once with status 2
+rc=0
+timeout 20 "$NETSIM" --name "$NAME" mpirun -np 4 "$BIN/tessera-run" --mpi "$SRC/examples/standin.json" \
+    > "$TMP/loopback.out" 2>&1 || rc=$?
+[ $rc -eq 2 ] || { cat "$TMP/loopback.out" >&2; fail "mpirun with the scheduler on 127.0.0.1 exited $rc, not 2"; }
+grep -q "the scheduler on host n0 binds 127.0.0.1 (parallel.bind), which the 3 ranks on other hosts cannot reach" \
+    "$TMP/loopback.out" || { cat "$TMP/loopback.out" >&2; fail "no reason given for the unreachable scheduler"; }
 echo "PASS"
