@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The cluster itself: nodes, names, isolation from the host's network, rate
-# limits set, cut and heal, two clusters at once, bad input (rates out of
-# range; numbers with a leading zero are decimal), and down
-# removing everything (also what still runs on the nodes), idempotently.
+# limits set, cut and heal, two clusters at once, bad input (one reason for
+# a cluster that does not exist; rates out of range; numbers with a leading
+# zero are decimal), and down removing everything (also what still runs on
+# the nodes), idempotently.
 . "$(dirname "$0")/lib.sh"
 netsim_init basics
 
@@ -21,6 +22,10 @@ done
 ! "$NETSIM" --name 'a b' up 2> "$TMP/err" || fail "a cluster name with a space was taken"
 ! ns exec n0 true 2> "$TMP/err" || fail "exec on a cluster that does not exist succeeded"
 grep -q "cluster $NAME does not exist" "$TMP/err" || fail "exec: $(cat "$TMP/err")"
+[ "$(wc -l < "$TMP/err")" -eq 1 ] || fail "exec: more than the one reason: $(cat "$TMP/err")"
+! ns heal n1 2> "$TMP/err" || fail "heal on a cluster that does not exist succeeded"
+[ "$(cat "$TMP/err")" = "tessera-netsim: cluster $NAME does not exist (tessera-netsim --name $NAME up)" ] ||
+    fail "heal: $(cat "$TMP/err")"
 [ -z "$(ip netns list | grep "^$NAME-" || true)" ] || fail "bad input left namespaces"
 
 # numbers are decimal, also with a leading zero
