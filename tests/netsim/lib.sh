@@ -22,6 +22,14 @@ skip() {
     exit 77
 }
 
+# Skips (exit 77) unless mpirun is installed and tessera-run was built with MPI.
+need_mpi() {
+    command -v mpirun > /dev/null || skip "mpirun not found (Debian's openmpi-bin)"
+    local env_text
+    env_text=$("$BIN/tessera-run" --env 2>&1 || true)
+    grep -q "MPI on" <<< "$env_text" || skip "tessera-run built without MPI"
+}
+
 # Skips (exit 77) unless this process may make network namespaces.
 netsim_require() {
     [ "$(id -u)" -eq 0 ] || skip "needs root with CAP_NET_ADMIN (tessera-netsim makes network namespaces)"

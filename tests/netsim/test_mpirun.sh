@@ -5,9 +5,7 @@
 # links, and each rank reports the node it ran on and that node's address;
 # with the scheduler bound to 127.0.0.1 the job stops at once, saying why.
 . "$(dirname "$0")/lib.sh"
-command -v mpirun > /dev/null || skip "mpirun not found (Debian's openmpi-bin)"
-env_text=$("$BIN/tessera-run" --env 2>&1 || true)
-grep -q "MPI on" <<< "$env_text" || skip "tessera-run built without MPI"
+need_mpi
 netsim_init mpirun
 
 ns up --nodes 4 --rate 1gbit

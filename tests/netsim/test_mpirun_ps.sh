@@ -5,9 +5,7 @@
 # itself by its node's host name, as the scheduler does; the worker pulls
 # and pushes over the nodes' links and the job completes.
 . "$(dirname "$0")/lib.sh"
-command -v mpirun > /dev/null || skip "mpirun not found (Debian's openmpi-bin)"
-env_text=$("$BIN/tessera-run" --env 2>&1 || true)
-grep -q "MPI on" <<< "$env_text" || skip "tessera-run built without MPI"
+need_mpi
 netsim_init mpirun_ps
 
 ns up --nodes 3 --rate 1gbit
