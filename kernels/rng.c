@@ -52,6 +52,12 @@ ts_key ts_key_split(ts_key key, uint64_t i) { return derive(key, i, TAG_SPLIT); 
 
 ts_key ts_key_fold_in(ts_key key, uint64_t data) { return derive(key, data, TAG_FOLD); }
 
+uint64_t ts_hash_text(const char *text) {
+    uint64_t h = 14695981039346656037ULL;
+    for (const unsigned char *c = (const unsigned char *)text; *c; c++) h = (h ^ *c) * 1099511628211ULL;
+    return h;
+}
+
 /* The four words of block b of key's sampling stream. */
 static void block(ts_key key, uint64_t b, uint32_t out[4]) {
     uint32_t ctr[4] = {(uint32_t)b, (uint32_t)(b >> 32), 0, 0};

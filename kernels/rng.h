@@ -24,6 +24,10 @@ ts_key ts_key_split(ts_key key, uint64_t i);
 /* A key derived from key and data (e.g. the step number). */
 ts_key ts_key_fold_in(ts_key key, uint64_t data);
 
+/* The 64-bit FNV-1a hash of text: the same on every machine and build
+ * (a parameter's name folded into its key, a job's fingerprint). */
+uint64_t ts_hash_text(const char *text);
+
 /* One Philox 4x32-10 block: the four 32-bit words for counter ctr. */
 void ts_philox(ts_key key, const uint32_t ctr[4], uint32_t out[4]);
 

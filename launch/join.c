@@ -9,20 +9,8 @@
 #include "launch/argv.h"
 #include "launch/launch.h"
 #include "launch/supervise.h"
+#include "proto/secure.h"
 #include "worker/node.h"
-
-/* Reads the file at path into buf (cap bytes, NUL-ended); its length, or
- * -1 when it cannot be read or is larger. */
-static long read_small(const char *path, char *buf, size_t cap) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    size_t n = fread(buf, 1, cap, f);
-    bool whole = n < cap && !ferror(f);
-    fclose(f);
-    if (!whole) return -1;
-    buf[n] = '\0';
-    return (long)n;
-}
 
 /* The folder of file path (cap bytes): "." when it names none. */
 static void folder_of(const char *path, char *dir, size_t cap) {
@@ -47,17 +35,16 @@ static bool choose_run_dir(const ts_launch_join_opts *o, char *dir, size_t cap) 
     return false;
 }
 
-/* Whether run folder dir is the job's: its job.key is the key file the
- * worker joins with (true too when the key file cannot be read: the worker
- * says why). */
+/* Whether run folder dir is the job's: its job.key holds the keys of the
+ * key file the worker joins with (true too when the key file does not
+ * load: the worker says why). */
 static bool job_folder(const char *dir, const char *key_file) {
-    enum { KEY_MAX = 1 << 16 };
-    static char key[KEY_MAX], there[KEY_MAX];
+    ts_secure_keys mine, there;
     char path[PATH_MAX + 16];
-    long n = read_small(key_file, key, sizeof key);
-    if (n < 0) return true;
+    if (ts_secure_load(key_file, &mine)) return true;
     snprintf(path, sizeof path, "%s/job.key", dir);
-    return read_small(path, there, sizeof there) == n && memcmp(key, there, (size_t)n) == 0;
+    return ts_secure_load(path, &there) == TS_OK && strcmp(mine.server_public, there.server_public) == 0 &&
+           strcmp(mine.client_public, there.client_public) == 0;
 }
 
 int ts_launch_join(const ts_launch_join_opts *o) {

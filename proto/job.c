@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "kernels/io/atomic.h"
+#include "kernels/rng.h"
 #include "proto/job_model.h"
 
 typedef enum {
@@ -700,8 +701,7 @@ ts_status ts_job_caps(const ts_job *job, char *out, size_t cap) {
     json_decref(shared);
     json_decref(all);
     if (!text) return ts_error(TS_ERR_MEMORY, "job %s: capabilities: out of memory", job->name);
-    uint64_t h = 14695981039346656037ull;
-    for (const char *c = text; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    uint64_t h = ts_hash_text(text);
     free(text);
     int n = snprintf(out, cap, "%s job=%016llx", ts_job_strategy_name(job->parallel.strategy), (unsigned long long)h);
     if (n < 0 || (size_t)n >= cap)

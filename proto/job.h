@@ -230,7 +230,7 @@ typedef struct {
 ts_status ts_job_node_args_parse(int argc, char **argv, bool need_scheduler, ts_job_node_args *a);
 
 /* The capabilities a worker of the job joins with (at most cap - 1
- * bytes): its strategy and a fingerprint (FNV-1a) of the sections every
+ * bytes): its strategy and a fingerprint (FNV-1a, ts_hash_text) of the sections every
  * worker of a job must share - the model (except the weights it starts from),
  * the optimizer and the schedule - e.g. "ddp job=8f14e45fceea167a". The
  * scheduler refuses a worker whose capabilities are not the job's. */

@@ -8,6 +8,7 @@
 #include "kernels/nn/module.h"
 #include "kernels/ops/view.h"
 #include "kernels/optim/mixed.h"
+#include "kernels/rng.h"
 
 ts_model *ts_model_new(void) {
     ts_model *m = calloc(1, sizeof *m);
@@ -123,11 +124,7 @@ static ts_status init_param(ts_param *p, ts_key key) {
 /* A parameter's own key: key folded with a hash (FNV-1a) of its name, so
  * that a model built for a slice of the units initialises each parameter
  * exactly as the whole model does. */
-static ts_key param_key(ts_key key, const char *name) {
-    uint64_t h = 14695981039346656037ULL;
-    for (const unsigned char *c = (const unsigned char *)name; *c; c++) h = (h ^ *c) * 1099511628211ULL;
-    return ts_key_fold_in(key, h);
-}
+static ts_key param_key(ts_key key, const char *name) { return ts_key_fold_in(key, ts_hash_text(name)); }
 
 ts_status ts_model_finalize(ts_model *m, ts_key key) {
     if (m->finalized) return ts_error(TS_ERR_STATE, "model: finalize called twice");
