@@ -74,12 +74,14 @@ int ts_launch_plot(const char *run_dir, char *png, size_t cap) {
     snprintf(ep, sizeof ep, "%s/plot-evals.dat", run_dir);
     snprintf(png, cap, "%s/metrics.png", run_dir);
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", png, (long)getpid());
-    FILE *steps = fopen(sp, "w"), *evals = fopen(ep, "w");
-    int n_steps = 0, n_eval = steps && evals ? write_data(run_dir, steps, evals, &n_steps) : -1;
+    FILE *steps = fopen(sp, "w"), *evals = steps ? fopen(ep, "w") : NULL;
+    int err = errno, n_steps = 0, n_eval = steps && evals ? write_data(run_dir, steps, evals, &n_steps) : -1;
     if (steps) fclose(steps);
     if (evals) fclose(evals);
     int rc = 1;
-    if (n_eval < 0) fprintf(stderr, "tessera-run --plot: cannot read %s/metrics.jsonl\n", run_dir);
+    if (!steps || !evals)
+        fprintf(stderr, "tessera-run --plot: cannot write %s: %s\n", steps ? ep : sp, strerror(err));
+    else if (n_eval < 0) fprintf(stderr, "tessera-run --plot: cannot read %s/metrics.jsonl\n", run_dir);
     else if (!n_steps && !n_eval)
         fprintf(stderr, "tessera-run --plot: %s/metrics.jsonl holds no step or evaluation to draw\n", run_dir);
     else rc = draw(sp, ep, n_eval, tmp);
