@@ -50,6 +50,14 @@ void ts_threads_passive(char **argv) {
     if (!omp && !blas) return;
     if (omp && setenv("OMP_WAIT_POLICY", "passive", 1)) return;
     if (blas && setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1)) return;
-    execv("/proc/self/exe", argv);
+    /* the program's own path, not /proc/self/exe: the kernel names a process
+     * after the file it executes, and pgrep, top and killall would see "exe" */
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        execv(self, argv);
+    }
+    execv("/proc/self/exe", argv); /* the file was replaced or removed since */
     /* exec failed: carry on with the libraries' default policies */
 }
