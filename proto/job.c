@@ -607,16 +607,30 @@ ts_status ts_job_set(json_t *doc, const char *assignment) {
     return TS_OK;
 }
 
-/* Overrides, defaults and validation of a parsed document (borrowed). */
+/* Whether override "a.b=value" assigns key (a whole path) or a section
+ * that holds it. */
+static bool sets_key(const char *assignment, const char *key) {
+    size_t n = strcspn(assignment, "=");
+    return !strncmp(assignment, key, n) && (key[n] == '\0' || key[n] == '.');
+}
+
+/* Overrides, defaults and validation of a parsed document (borrowed). An
+ * override of steps on a job of train.epochs trains those steps: the
+ * document's epochs are dropped unless an override sets them too. */
 static ts_status job_from_doc(json_t *doc, const char *const *sets, int nsets,
                               ts_job *job) {
     if (!json_is_object(doc))
         return ts_error(TS_ERR_FORMAT, "job: expected a JSON object, got %s",
                         type_name(doc));
+    bool steps = false, epochs = false;
     for (int i = 0; i < nsets; i++) {
         ts_status st = ts_job_set(doc, sets[i]);
         if (st != TS_OK) return st;
+        steps |= sets_key(sets[i], "steps");
+        epochs |= sets_key(sets[i], "train.epochs");
     }
+    json_t *train = json_object_get(doc, "train");
+    if (steps && !epochs && json_is_object(train)) json_object_del(train, "epochs");
     memset(job, 0, sizeof *job);
     ts_status st = fill_section(job_fields, doc, "", job);
     return st != TS_OK ? st : finish_job(job);

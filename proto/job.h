@@ -159,7 +159,7 @@ typedef struct {
 /* The training loop. */
 typedef struct {
     int64_t batch_size;       /* per worker */
-    int64_t epochs;           /* > 0: overrides steps with epochs' worth */
+    int64_t epochs;           /* > 0: overrides steps with epochs' worth; a --set of steps drops them */
     int64_t eval_every;       /* steps between validation passes; 0 = at the end */
     int64_t eval_batches;     /* validation batches per pass and data-parallel rank; 0 = all */
     int64_t checkpoint_every; /* steps between checkpoints; 0 = at the end */

@@ -89,6 +89,21 @@ static void test_overrides(void **state) {
     assert_int_equal(job.steps, 6); /* the later override wins */
     assert_int_equal(job.parallel.strategy, TS_STRATEGY_STANDIN);
 
+    /* an override of steps on a job of epochs trains those steps, unless
+     * the epochs are overridden too; steps in the document do not drop them */
+    const char *by_epochs = "{\"steps\": 50, \"train\": {\"epochs\": 8}}";
+    const char *steps[] = {"steps=7", "train.epochs=2", "train={\"epochs\": 3}"};
+    assert_int_equal(ts_job_parse(by_epochs, NULL, 0, &job), TS_OK);
+    assert_int_equal(job.train.epochs, 8);
+    assert_int_equal(ts_job_parse(by_epochs, steps, 1, &job), TS_OK);
+    assert_int_equal(job.steps, 7);
+    assert_int_equal(job.train.epochs, 0);
+    assert_int_equal(ts_job_parse(by_epochs, steps, 2, &job), TS_OK);
+    assert_int_equal(job.train.epochs, 2);
+    const char *whole[] = {steps[0], steps[2]};
+    assert_int_equal(ts_job_parse(by_epochs, whole, 2, &job), TS_OK);
+    assert_int_equal(job.train.epochs, 3);
+
     /* a quoted JSON string stays a string, a bare number is an integer */
     const char *quoted[] = {"parallel.workers=\"3\""};
     expect_error("{}", quoted, 1, "parallel.workers: expected integer, got string");
