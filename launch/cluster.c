@@ -532,13 +532,16 @@ static void draw_chart(const char *run_dir) {
 static ts_status make_run_dir(cluster *cl) {
     if (cl->o->run_dir) {
         snprintf(cl->run_dir, sizeof cl->run_dir, "%s", cl->o->run_dir);
+        struct stat sb;
         if (mkdir(cl->run_dir, 0755) != 0 && errno != EEXIST)
-            return ts_error(TS_ERR_IO, "tessera-run: cannot create %s: %s",
+            return ts_error(TS_ERR_IO, "run folder %s: cannot create it: %s",
                             cl->run_dir, strerror(errno));
+        if (stat(cl->run_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+            return ts_error(TS_ERR_IO, "run folder %s: exists and is not a folder", cl->run_dir);
         return TS_OK;
     }
     if (mkdir("runs", 0755) != 0 && errno != EEXIST)
-        return ts_error(TS_ERR_IO, "tessera-run: cannot create runs/: %s",
+        return ts_error(TS_ERR_IO, "cannot create runs/: %s",
                         strerror(errno));
     char stamp[32];
     time_t now = time(NULL);
@@ -555,7 +558,7 @@ static ts_status make_run_dir(cluster *cl) {
         if (mkdir(cl->run_dir, 0755) == 0) return TS_OK;
         if (errno != EEXIST) break;
     }
-    return ts_error(TS_ERR_IO, "tessera-run: cannot create %s: %s", cl->run_dir,
+    return ts_error(TS_ERR_IO, "run folder %s: cannot create it: %s", cl->run_dir,
                     strerror(errno));
 }
 
@@ -571,7 +574,7 @@ static ts_status place(cluster *cl) {
         return TS_OK;
     }
     cl->netsim = malloc(sizeof *cl->netsim);
-    if (!cl->netsim) return ts_error(TS_ERR_MEMORY, "tessera-run: out of memory");
+    if (!cl->netsim) return ts_error(TS_ERR_MEMORY, "out of memory");
     ts_status st = ts_netsim_load(name, &p->placement, cl->netsim);
     if (st != TS_OK) return st;
     int k = 0;
@@ -596,7 +599,7 @@ static ts_status prepare(cluster *cl) {
     ts_status st = place(cl);
     if (st != TS_OK) return st;
     if (!realpath(cl->o->job_path, cl->job_path))
-        return ts_error(TS_ERR_IO, "tessera-run: %s: %s", cl->o->job_path,
+        return ts_error(TS_ERR_IO, "%s: %s", cl->o->job_path,
                         strerror(errno));
     st = make_run_dir(cl);
     if (st != TS_OK) return st;
@@ -607,7 +610,7 @@ static ts_status prepare(cluster *cl) {
     int rc = doc ? json_dump_file(doc, path, JSON_INDENT(2) | JSON_SORT_KEYS) : -1;
     json_decref(doc);
     if (rc != 0)
-        return ts_error(TS_ERR_IO, "tessera-run: cannot write %s", path);
+        return ts_error(TS_ERR_IO, "cannot write %s", path);
 
     if (job->parallel.key_file[0]) {
         snprintf(cl->key_file, sizeof cl->key_file, "%s", job->parallel.key_file);
@@ -616,7 +619,7 @@ static ts_status prepare(cluster *cl) {
     }
     snprintf(cl->key_file, sizeof cl->key_file, "%s/job.key", cl->run_dir);
     if (unlink(cl->key_file) != 0 && errno != ENOENT) /* a reused --run-dir */
-        return ts_error(TS_ERR_IO, "tessera-run: cannot replace %s: %s",
+        return ts_error(TS_ERR_IO, "cannot replace %s: %s",
                         cl->key_file, strerror(errno));
     return ts_secure_keygen(cl->key_file, NULL);
 }

@@ -174,6 +174,9 @@ static ts_status make_dirs(const char *path) {
             *p = '/';
         }
     }
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return ts_error(TS_ERR_IO, "trainer: run folder %s: exists and is not a folder", path);
     return TS_OK;
 }
 

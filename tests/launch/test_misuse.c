@@ -196,6 +196,16 @@ static void test_messages_name_the_thing(void **state) {
     snprintf(want, sizeof want, "data.path %s,", path);
     expect_text(log, want);
     expect_text(log, "model.block_size 64");
+
+    /* a --run-dir that is a file: refused naming it, by the local run and
+     * by a cluster, whose message says it once (no "tessera-run: " twice) */
+    assert_int_equal(run("msg-run-file-local", log, sizeof log, MLP_JOB " --set steps=2 --run-dir %s", path), 1);
+    snprintf(want, sizeof want, "run folder %s: exists and is not a folder", path);
+    expect_text(log, want);
+    assert_int_equal(run("msg-run-file-ddp", log, sizeof log, MLP_JOB " --set steps=2 --set parallel.strategy=ddp "
+                         "--run-dir %s", path), 1);
+    expect_text(log, want);
+    if (strstr(log, "tessera-run: tessera-run")) fail_msg("doubled prefix in:\n%s", log);
 }
 
 /* "device" names a device kind; a job on a GPU where there is none (or in
