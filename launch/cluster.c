@@ -61,6 +61,8 @@ typedef struct {
     int stop_signal;  /* sent to the children when stopping */
     int exit_code;
     char reason[2048];
+    char after_end[2048]; /* a node that failed after the job's last step (its final checkpoint or
+                             evaluation): the job fails with it; "" when none did */
 } cluster;
 
 void ts_cluster_scheduler_args(ts_argv *a, const ts_job *job,
@@ -451,6 +453,13 @@ static void on_done(ts_child *c) {
         } else {
             fail_node(cl, "%s%s", what, reason);
         }
+    } else if (!ok && cl->phase == PHASE_DONE && sl->joined && !cl->super.stopping && !cl->interrupted &&
+               !cl->after_end[0]) {
+        /* the scheduler ended the job, but this node's final checkpoint or
+         * evaluation failed: the others finish theirs, then the job fails */
+        snprintf(cl->after_end, sizeof cl->after_end, "%s after the job's last step (in its final checkpoint or "
+                 "evaluation)%s", what, reason);
+        fprintf(stderr, "[run] %s\n", cl->after_end);
     }
     /* the scheduler ended the job, or every node finished: give the rest
      * time to exit by themselves */
@@ -715,6 +724,9 @@ int ts_cluster_run(const ts_cluster_opts *o) {
         fprintf(stderr, "[run] job %s failed: %s (run folder %s)\n", o->job.name,
                 cl->reason, cl->run_dir);
         code = cl->exit_code;
+    } else if (cl->after_end[0]) {
+        fprintf(stderr, "[run] job %s failed: %s (run folder %s)\n", o->job.name, cl->after_end, cl->run_dir);
+        code = 1;
     } else if (cl->late) {
         fprintf(stderr, "[run] job %s interrupted by %s after its last step, in its final checkpoint or "
                         "evaluation (run folder %s)\n", o->job.name, signal_name(cl->interrupted), cl->run_dir);

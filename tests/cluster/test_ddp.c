@@ -9,7 +9,7 @@
  * mid-run trains in step, one whose job file has another model or
  * strategy is refused; a stopped leader, killed and restarted, takes
  * the others' state; Ctrl-C stops both workers after the same step,
- * saved. Run one scenario by name: cluster_test_ddp <name>. */
+ * saved; a final checkpoint that cannot be written fails the job. Run one scenario by name: cluster_test_ddp <name>. */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -279,6 +280,25 @@ static void test_stop_leader(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* The final checkpoint cannot be written (the run folder's "checkpoints"
+ * is a file, as a full disk would make it fail): tessera-run exits 1
+ * naming the folder. Before, a worker that failed after the scheduler
+ * had ended the job went unnoticed and the job "completed" with exit 0,
+ * without its checkpoint. */
+static void test_final_checkpoint_fails(void **state) {
+    (void)state;
+    const char *job = th_job_file("ddp-final-ckpt", "mlp", 5, 16, 1, "\"strategy\": \"ddp\", \"workers\": 2");
+    const char *dir = th_path("ddp-final-ckpt");
+    assert_int_equal(mkdir(dir, 0755), 0);
+    th_write("ddp-final-ckpt/checkpoints", "not a folder\n");
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
+    th_proc run = th_start("ddp-final-ckpt", argv);
+    if (th_wait(&run, 120000) != 1) dump(&run, "tessera-run did not exit 1 when the final checkpoint failed");
+    if (th_count(&run, "[run] job ddp-final-ckpt failed: worker") < 1 || th_count(&run, "cannot create folder") < 1)
+        dump(&run, "tessera-run did not name the worker and the checkpoint it could not write");
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* The parallel section of the fault tests. */
 #define FAULT_PARALLEL "\"strategy\": \"ddp\", \"workers\": 4"
 
@@ -434,6 +454,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gpt_4),    cmocka_unit_test(test_mpirun_2),    cmocka_unit_test(test_mpirun_resume),
         cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_stop_leader),
         cmocka_unit_test(test_kill_in_eval), cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_sums_split),
+        cmocka_unit_test(test_final_checkpoint_fails),
         cmocka_unit_test(test_interrupt), cmocka_unit_test(test_interrupt_rendezvous),
         cmocka_unit_test(test_interrupt_restart),
         cmocka_unit_test(test_join),     cmocka_unit_test(test_join_other_job), cmocka_unit_test(test_bf16),
