@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/clock.h"
 #include "serve/api.h"
@@ -213,6 +214,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         if (!(r = calloc(1, sizeof *r))) return MHD_NO;
         r->start_ms = ts_clock_ms();
         *con_cls = r;
+        ts_serve_metrics_begin(s->c.metrics);
         return begin(s, c, r, url, method);
     }
     if (*upload_size) {
@@ -262,7 +264,7 @@ ts_server *ts_server_start(const ts_serve_config *c) {
             return NULL;
         }
     }
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG |
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG | MHD_USE_ITC |
                      (v6 ? MHD_USE_IPv6 : 0) | (c->tls_cert ? MHD_USE_TLS : 0);
     struct MHD_OptionItem opts[] = {
         {MHD_OPTION_SOCK_ADDR, 0, v6 ? (void *)&a6 : (void *)&a4},
@@ -289,6 +291,15 @@ int ts_server_port(const ts_server *s) { return s->port; }
 
 void ts_server_stop(ts_server *s) {
     if (!s) return;
+    MHD_socket listener = MHD_quiesce_daemon(s->d);
+    for (int i = 0; i < s->c.n_models; i++) ts_serve_model_drain(s->c.models[i]);
+    double deadline = ts_clock_ms() + 1000.0 * s->c.request_timeout_s;
+    int64_t left;
+    while ((left = ts_serve_metrics_in_flight(s->c.metrics)) > 0 && ts_clock_ms() < deadline) ts_sleep_ms(10);
+    if (left > 0)
+        fprintf(stderr, "tessera-serve: %lld requests still in flight after %d s: closing their connections\n",
+                (long long)left, s->c.request_timeout_s);
     MHD_stop_daemon(s->d);
+    if (listener != MHD_INVALID_SOCKET) close(listener);
     free(s);
 }

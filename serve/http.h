@@ -43,7 +43,9 @@ ts_server *ts_server_start(const ts_serve_config *c);
 /* The port it listens on. */
 int ts_server_port(const ts_server *s);
 
-/* Stops accepting, waits for the connections' threads and frees it. */
+/* Stops accepting connections, lets the requests in flight finish (the
+ * models stop waiting for company) for up to request_timeout_s seconds,
+ * then closes every connection, waits for their threads and frees it. */
 void ts_server_stop(ts_server *s);
 
 #endif

@@ -30,6 +30,7 @@ struct ts_serve_metrics {
     } series[MAX_SERIES];
     int n_series;
     uint64_t errors;
+    int64_t in_flight;
     histogram latency, batch;
 };
 
@@ -53,8 +54,22 @@ static void observe(histogram *h, const double *bounds, size_t n, double v) {
     h->count++;
 }
 
+void ts_serve_metrics_begin(ts_serve_metrics *m) {
+    pthread_mutex_lock(&m->lock);
+    m->in_flight++;
+    pthread_mutex_unlock(&m->lock);
+}
+
+int64_t ts_serve_metrics_in_flight(ts_serve_metrics *m) {
+    pthread_mutex_lock(&m->lock);
+    int64_t n = m->in_flight;
+    pthread_mutex_unlock(&m->lock);
+    return n;
+}
+
 void ts_serve_metrics_request(ts_serve_metrics *m, const char *endpoint, unsigned code, double seconds) {
     pthread_mutex_lock(&m->lock);
+    m->in_flight--;
     int i = 0;
     while (i < m->n_series && (m->series[i].code != code || strcmp(m->series[i].endpoint, endpoint))) i++;
     if (i == m->n_series && i < MAX_SERIES) {
@@ -125,6 +140,8 @@ char *ts_serve_metrics_render(ts_serve_metrics *m, size_t *len) {
     put(&t, "# HELP tessera_request_errors_total HTTP requests answered with a status of 400 or more.\n"
             "# TYPE tessera_request_errors_total counter\ntessera_request_errors_total %llu\n",
         (unsigned long long)m->errors);
+    put(&t, "# HELP tessera_requests_in_flight HTTP requests arrived and not yet answered.\n"
+            "# TYPE tessera_requests_in_flight gauge\ntessera_requests_in_flight %lld\n", (long long)m->in_flight);
     put_histogram(&t, "tessera_request_duration_seconds", "Time from a request's arrival to the end of its response.",
                   &m->latency, latency_bounds, N_LATENCY);
     put_histogram(&t, "tessera_batch_size", "Samples per forward pass (dynamic batching).", &m->batch, batch_bounds,

@@ -38,7 +38,7 @@ static void wait_for_company(ts_serve_model *m) {
     deadline.tv_nsec += (long)m->batching.batch_timeout_ms * 1000000L;
     deadline.tv_sec += deadline.tv_nsec / 1000000000L;
     deadline.tv_nsec %= 1000000000L;
-    while (!m->stop && compatible(m) < m->batching.max_batch)
+    while (!m->stop && !m->draining && compatible(m) < m->batching.max_batch)
         if (pthread_cond_timedwait(&m->work, &m->lock, &deadline) == ETIMEDOUT) break;
 }
 
@@ -210,6 +210,13 @@ ts_serve_model *ts_serve_model_load(const char *name, const char *path, const ch
         return NULL;
     }
     return m;
+}
+
+void ts_serve_model_drain(ts_serve_model *m) {
+    pthread_mutex_lock(&m->lock);
+    m->draining = true;
+    pthread_cond_broadcast(&m->work);
+    pthread_mutex_unlock(&m->lock);
 }
 
 void ts_serve_model_free(ts_serve_model *m) {

@@ -45,6 +45,7 @@ typedef struct {
     pthread_cond_t work, done;
     ts_serve_request *head, *tail;
     bool stop;
+    bool draining; /* the server is stopping: run what is queued without waiting for company */
     pthread_t thread;
 } ts_serve_model;
 
@@ -52,6 +53,10 @@ typedef struct {
  * file with job_path) and starts its batcher; NULL with a message. */
 ts_serve_model *ts_serve_model_load(const char *name, const char *path, const char *job_path,
                                     const ts_serve_batching *b);
+
+/* The server is stopping: the batcher runs what is queued at once, and
+ * what comes later, without waiting batch_timeout_ms for company. */
+void ts_serve_model_drain(ts_serve_model *m);
 
 /* Stops the batcher (failing what is queued) and frees the model. */
 void ts_serve_model_free(ts_serve_model *m);

@@ -10,7 +10,8 @@
  * chunked one past the limit 413 once it is in; a
  * client that sends half a request and stalls is cut off after the request
  * timeout while others are served; /metrics counts all of it; and with a
- * certificate the server speaks HTTPS. After each refusal the next request
+ * certificate the server speaks HTTPS; SIGTERM answers the request in
+ * flight before the server exits. After each refusal the next request
  * is answered. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -362,15 +363,18 @@ static void test_bad_requests(void **state) {
 }
 
 /* A TCP connection to the plain server. */
-static int connect_server(void) {
+/* A connection to the server on port to. */
+static int connect_to(int to) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)to)};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     struct timeval tv = {60, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     return fd;
 }
+
+static int connect_server(void) { return connect_to(port); }
 
 static void test_stalled_client(void **state) {
     (void)state;
@@ -397,6 +401,42 @@ static void test_stalled_client(void **state) {
     close(fd);
     close(fd2);
     assert_int_equal(curl("http://127.0.0.1:%d/healthz", port), 200);
+}
+
+/* SIGTERM with a prediction in flight, which the batcher holds waiting
+ * 10 s for company (the drain waits 2): the server stops accepting, runs
+ * it at once, answers it and exits 0. Before, its connection was closed
+ * unanswered. */
+static void test_sigterm_in_flight(void **state) {
+    (void)state;
+    int p;
+    pid_t pid = start_server("drain", "--batch-timeout-ms 10000", &p);
+    char json[8192] = "{\"instances\": [[0", req[9000];
+    for (int i = 1; i < 784; i++) strcat(json, ",0.5");
+    strcat(json, "]]}");
+    snprintf(req, sizeof req, "POST /v1/models/mlp:predict HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " TOKEN
+             "\r\nContent-Length: %zu\r\n\r\n%s", strlen(json), json);
+    int fd = connect_to(p);
+    assert_int_equal(send(fd, req, strlen(req), 0), (ssize_t)strlen(req));
+    /* in flight: the prediction and the /metrics request that sees it */
+    for (int i = 0; i < 600 && !strstr(body, "tessera_requests_in_flight 2\n"); i++) {
+        if (i) ts_sleep_ms(100);
+        assert_int_equal(curl(AUTH " http://127.0.0.1:%d/metrics", p), 200);
+    }
+    if (!strstr(body, "tessera_requests_in_flight 2\n")) fail_msg("the prediction is not in flight:\n%s", body);
+    kill(pid, SIGTERM);
+    char reply[65536];
+    size_t n = 0;
+    ssize_t got;
+    while (n < sizeof reply - 1 && (got = recv(fd, reply + n, sizeof reply - 1 - n, 0)) > 0) n += (size_t)got;
+    reply[n] = '\0';
+    close(fd);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    printf("  in flight at SIGTERM: %.60s ... (server exit %d)\n", reply, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    if (strncmp(reply, "HTTP/1.1 200", 12) || !strstr(reply, "\"predictions\""))
+        fail_msg("the request in flight was not answered: '%s'", reply);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 static void test_metrics(void **state) {
@@ -470,6 +510,7 @@ int main(void) {
         cmocka_unit_test(test_auth),       cmocka_unit_test(test_predict), cmocka_unit_test(test_generate),
         cmocka_unit_test(test_bad_requests), cmocka_unit_test(test_stalled_client), cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_tls),         cmocka_unit_test(test_command_line),
+        cmocka_unit_test(test_sigterm_in_flight),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
