@@ -110,8 +110,7 @@ static void failv(cluster *cl, int code, unsigned settle_ms, const char *fmt,
     vsnprintf(cl->reason, sizeof cl->reason, fmt, ap);
     cl->phase = PHASE_FAILED;
     cl->exit_code = code;
-    fprintf(stderr, "[run] job %s failed: %s; stopping every process\n",
-            cl->o->job.name, cl->reason);
+    fprintf(stderr, "[run] stopping every process: %s\n", cl->reason); /* the job's end says it failed */
     if (settle_ms == 0) {
         ts_super_stop(&cl->super, cl->stop_signal, STOP_GRACE_MS);
     } else {

@@ -194,6 +194,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     t->job = *job;
     t->job_text = strdup(job_text ? job_text : "{}");
     snprintf(t->run_dir, sizeof t->run_dir, "%s", run_dir ? run_dir : "");
+    t->resume = run_dir && resume;
     ts_unit_runs runs = {0};
     char ckpt[1200] = ""; /* the checkpoint resumed from, if any */
     ts_status st = TS_OK;

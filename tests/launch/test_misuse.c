@@ -116,7 +116,8 @@ static void count_lines(const char *run_dir, const char *kind, int *count, int m
 
 /* A run stopped after step 20 whose last checkpoint is step 16 (the final
  * one never written) and then resumed: metrics.jsonl holds every step once,
- * the steps 17..20 of the stopped run are cut back. */
+ * the steps 17..20 of the stopped run are cut back. A --resume that finds
+ * no checkpoint says it starts afresh. */
 static void test_resume_keeps_each_step_once(void **state) {
     (void)state;
     char log[16384], dir[300], ck[400];
@@ -133,6 +134,12 @@ static void test_resume_keeps_each_step_once(void **state) {
     for (int s = 1; s <= 20; s++)
         if (steps[s] != 1) fail_msg("metrics.jsonl has %d lines for step %d", steps[s], s);
     assert_int_equal(evals[20], 2); /* the final validation and test evaluations */
+
+    /* --resume in a folder without checkpoints trains from the start, and says so */
+    snprintf(dir, sizeof dir, "%s/metrics-none", base);
+    assert_int_equal(run("metrics-none", log, sizeof log, MLP_JOB " --set steps=2 --run-dir %s --resume", dir), 0);
+    snprintf(ck, sizeof ck, "--resume: no checkpoint in %s/checkpoints: training from the start", dir);
+    expect_text(log, ck);
 }
 
 /* A CNN of 3.8e9 parameters is refused before it is built, with the
