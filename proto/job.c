@@ -526,6 +526,12 @@ static ts_status finish_job(ts_job *job) {
     if (p->consistency == TS_CONSISTENCY_BOUNDED && p->staleness == 0) p->consistency = TS_CONSISTENCY_SYNC;
     if (p->strategy == TS_STRATEGY_PS && p->servers < 1)
         return ts_error(TS_ERR_VALUE, "parallel.servers: strategy \"ps\" needs at least one shard");
+    /* a local run ignores parallel; the others would start servers nobody uses */
+    bool no_servers = p->strategy == TS_STRATEGY_DDP || p->strategy == TS_STRATEGY_FSDP ||
+                      p->strategy == TS_STRATEGY_PIPELINE;
+    if (no_servers && p->servers > 0)
+        return ts_error(TS_ERR_VALUE, "parallel.servers: %d, but strategy \"%s\" has no parameter servers (set it to 0)",
+                        p->servers, ts_job_strategy_name(p->strategy));
     if (p->heartbeat_timeout_ms <= p->heartbeat_ms)
         return ts_error(TS_ERR_VALUE,
                         "parallel.heartbeat_timeout_ms: %d must exceed "

@@ -138,6 +138,8 @@ static void test_errors_name_the_field(void **state) {
                  "schedule.warmup_steps: 100 must be below steps (100)");
     expect_error("{\"schedule\": {\"kind\": \"cosine\", \"min_lr\": 0.01}}", NULL, 0,
                  "schedule.min_lr: 0.01 exceeds optimizer.lr (0.001)");
+    expect_error("{\"parallel\": {\"strategy\": \"pipeline\", \"servers\": 1}}", NULL, 0,
+                 "parallel.servers: 1, but strategy \"pipeline\" has no parameter servers (set it to 0)");
     expect_error("[1, 2]", NULL, 0, "expected a JSON object, got array");
     expect_error("{\"steps\": ", NULL, 0, "JSON error at line 1");
 }
