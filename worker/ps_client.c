@@ -612,6 +612,7 @@ ts_status ts_ps_client_rollback(ts_ps_client *c, int64_t to, int64_t *at) {
         if (st) return st;
         if (low == to) {
             *at = to;
+            for (int k = 0; k < c->shards; k++) c->s[k].pull_sent = false; /* their answers predate it */
             return TS_OK;
         }
         to = low; /* a shard is further back: everyone goes there */

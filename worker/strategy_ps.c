@@ -96,9 +96,12 @@ static ts_status roll_back(ps_strategy *d, int64_t to) {
     int64_t from = t->step, at;
     ts_status st = ts_ps_client_rollback(d->c, to, &at);
     if (!st) st = pull(d, at, true);
-    if (!st && d->base.group.leader)
+    if (!st && d->base.group.leader && from > at)
         printf("a shard restarted from its checkpoint of step %lld: the job goes back from step %lld and replays "
                "%lld steps\n", (long long)at, (long long)from, (long long)(from - at));
+    else if (!st && d->base.group.leader) /* joining: a shard resumed from an older checkpoint than the others */
+        printf("the shards were at different steps: every shard went back to step %lld, the earliest\n",
+               (long long)at);
     if (!st) d->start = ts_loader_position(t->loader);
     return st;
 }

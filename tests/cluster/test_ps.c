@@ -32,6 +32,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "kernels/io/atomic.h"
 
 enum { MAX_STEPS = 1024 };
 
@@ -425,7 +426,8 @@ static void test_kill_primary_twice(void **state) {
 
 /* A sync job stopped at step 40 and resumed with --resume goes on from the
  * shards' checkpoints (parameters, optimizer state, data position, step)
- * with the losses of a run that never stopped. */
+ * with the losses of a run that never stopped; with one shard's checkpoints
+ * lost, from step 0 with those losses again. */
 static void test_resume(void **state) {
     (void)state;
     const char *job = job_file("resume", false, 80, 32, "\"strategy\": \"ps\", \"workers\": 2, \"servers\": 2");
@@ -434,8 +436,9 @@ static void test_resume(void **state) {
     finish_run(&first, 120000);
     /* the shards keep the optimizer state: another strategy does not resume
      * the workers' checkpoint as if it held it, which evaluates */
-    const char *copy = th_path("run-resume-local");
+    const char *copy = th_path("run-resume-local"), *lost = th_path("run-resume-lost");
     th_copy_run(run, copy);
+    th_copy_run(run, lost);
     const char *largv[] = {"tessera-run", job, "--run-dir", copy, "--resume", "--set", "parallel.strategy=\"local\"",
                            NULL};
     th_proc local = th_start("resume-local", largv);
@@ -454,6 +457,17 @@ static void test_resume(void **state) {
     th_proc whole = start_run("resume-whole", job, th_path("run-whole"), "schedule.kind=\"constant\"", NULL);
     finish_run(&whole, 120000);
     same_losses(run, th_path("run-whole"), 80, 0);
+    /* a shard whose checkpoints are gone starts from the seed, and the job
+     * from step 0 with it, without a worker failing on its way there */
+    char shard[4300];
+    snprintf(shard, sizeof shard, "%s/ps/shard-1", lost);
+    assert_int_equal(ts_io_remove_tree(shard), TS_OK);
+    const char *bargv[] = {"tessera-run", job, "--run-dir", lost, "--resume", "--set", "schedule.kind=\"constant\"",
+                           "--set", "parallel.max_restarts=0", NULL};
+    th_proc back = th_start("resume-lost", bargv);
+    finish_run(&back, 120000);
+    th_expect_output(&back, "every shard went back to step 0, the earliest", 0);
+    same_losses(lost, th_path("run-whole"), 80, 0);
     /* nor does a ps job take a local run's folder for its own: no shard
      * has a checkpoint of it */
     const char *lrun = th_path("run-resume-from-local");
