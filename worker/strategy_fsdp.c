@@ -64,6 +64,7 @@
 
 #include "kernels/alloc.h"
 #include "kernels/autograd.h"
+#include "kernels/io/atomic.h"
 #include "kernels/io/checkpoint.h"
 #include "kernels/nn/module.h"
 #include "kernels/optim/clip.h"
@@ -1052,7 +1053,7 @@ static ts_status fsdp_save(ts_strategy *s, char *path, size_t cap) {
     fsdp_strategy *f = (fsdp_strategy *)s;
     ts_trainer *t = s->trainer;
     if (cap) path[0] = '\0';
-    char root[1100], tmp[1200];
+    char root[1100], tmp[1200] = "";
     snprintf(root, sizeof root, "%s/checkpoints", t->run_dir);
     int64_t owner = s->group.leader ? (int64_t)getpid() : 0;
     ts_status lost = ts_dp_group_meet(&f->g, TS_COMM_BROADCAST, &owner, &owner, 1, TS_I64);
@@ -1085,6 +1086,9 @@ static ts_status fsdp_save(ts_strategy *s, char *path, size_t cap) {
     }
     if (!st && !ok) st = ts_error(TS_ERR_IO, "fsdp: the leader could not commit the checkpoint of step %lld",
                                   (long long)t->step);
+    /* every rank is done with the folder: a failed save leaves no half (a full disk stays full otherwise) */
+    if (!ok && s->group.leader && tmp[0] && ts_io_remove_tree(tmp) != TS_OK)
+        fprintf(stderr, "fsdp: %s\n", ts_last_error());
     return st;
 }
 

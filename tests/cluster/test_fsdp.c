@@ -13,7 +13,7 @@
  * model.init_from after a death, and a run resumed from a local run's
  * checkpoint reloads that one; a
  * worker that joins gets its shards from the others; Ctrl-C stops every
- * worker after the same step, saved. Run one scenario by name:
+ * worker after the same step, saved; a save that fails leaves nothing. Run one scenario by name:
  * cluster_test_fsdp test_<name>. */
 #include <math.h>
 #include <setjmp.h>
@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -502,6 +503,35 @@ static void test_join(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* The shards of the final checkpoint do not fit the disk (the run's
+ * checkpoints folder is a 128 KiB tmpfs in a mount namespace of its own;
+ * a shard of the MLP with its AdamW state is 330 KB): the job fails, and
+ * the step's temp folder with the halves of the shards is gone - it
+ * stayed, keeping the disk full, while the leader that named it lived. */
+static void test_save_fails(void **state) {
+    (void)state;
+    if (geteuid() != 0) {
+        printf("skipped: a tmpfs of its own needs root\n");
+        skip();
+    }
+    const char *job = th_job_file("fsdp-save-fails", "mlp", 5, 16, 1, "\"strategy\": \"fsdp\", \"workers\": 2");
+    const char *dir = th_path("fsdp-save-fails");
+    char run[4200], ckpts[4300];
+    snprintf(run, sizeof run, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
+    snprintf(ckpts, sizeof ckpts, "%s/checkpoints", dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    assert_int_equal(mkdir(ckpts, 0755), 0);
+    const char *script = "mount -t tmpfs -o size=128k tmpfs \"$1/checkpoints\" || exit 99; "
+                         "\"$0\" \"$2\" --run-dir \"$1\"; rc=$?; echo \"left in checkpoints: [$(ls -A \"$1/checkpoints\")]\"; "
+                         "exit $rc";
+    const char *argv[] = {"unshare", "--mount", "sh", "-c", script, run, dir, job, NULL};
+    th_proc p = th_start("fsdp-save-fails", argv);
+    if (th_wait(&p, 120000) != 1) th_dump(&p, "tessera-run did not exit 1 when the shards did not fit");
+    if (th_count(&p, "No space left on device") < 1) th_dump(&p, "no rank said why it could not write");
+    if (th_count(&p, "left in checkpoints: []") != 1) th_dump(&p, "the failed save left files behind");
+    assert_int_equal(th_leftovers(), 0);
+}
+
 int main(int argc, char **argv) {
     th_init();
     const struct CMUnitTest tests[] = {
@@ -514,6 +544,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_join_during_move),
         cmocka_unit_test(test_join),
+        cmocka_unit_test(test_save_fails),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
