@@ -35,6 +35,8 @@ typedef struct {
 typedef struct {
     int64_t off, len;
     int rank;                  /* its primary, -1 none */
+    int last;                  /* the last primary this worker knew (at address), -1 none */
+    uint64_t lost;             /* the generation since which it has had no live server, 0 while it has one */
     char address[TS_PROTO_ADDR_MAX + 1];
     void *sock;
     ts_range *pend;            /* ready ranges not pushed yet */
@@ -214,9 +216,15 @@ static void take_roster(ts_ps_client *c, uint64_t g, const ts_proto_member *r, s
         const char *address = NULL;
         for (size_t i = 0; i < n; i++)
             if (r[i].rank == primary[k] && r[i].role == TS_ROLE_PS) address = r[i].address;
+        if (primary[k] < 0) { /* no live server: sends wait for the next generation's */
+            if (!l->lost) l->lost = g;
+            l->rank = -1;
+            continue;
+        }
         if (primary[k] == l->rank && (!address || !strcmp(address, l->address))) continue;
-        l->rank = primary[k];
-        if (!address) continue; /* no primary until the next generation: sends wait */
+        l->rank = l->last = primary[k];
+        l->lost = 0;
+        if (!address) continue;
         if (connect_shard(c, k, address)) {
             fprintf(stderr, "ps client: %s\n", ts_last_error());
             l->resend_at = ts_clock_ms() + PS_RETRY_MS;
@@ -251,6 +259,20 @@ void ts_ps_client_workers(ts_ps_client *c, uint64_t *generation, int *index, int
 
 /* ---- answers ---- */
 
+/* Writes what names shard k in a message into out: its primary's rank and
+ * address, or since when it has had no live server and which was its last. */
+static void shard_name(const ts_ps_client *c, int k, char *out, size_t cap) {
+    const shard_link *l = &c->s[k];
+    if (l->rank >= 0)
+        snprintf(out, cap, "shard %d (rank %d at %s)", k, l->rank, l->address);
+    else if (l->last >= 0)
+        snprintf(out, cap, "shard %d has had no live server since generation %llu (its last, ps rank %d at %s, left "
+                 "the job)", k, (unsigned long long)l->lost, l->last, l->address);
+    else
+        snprintf(out, cap, "shard %d has had no live server since generation %llu (this worker never saw one)", k,
+                 (unsigned long long)l->lost);
+}
+
 /* Records that shard k failed for a reason no retry mends. */
 static void fail(ts_ps_client *c, int k, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void fail(ts_ps_client *c, int k, const char *fmt, ...) {
@@ -260,8 +282,9 @@ static void fail(ts_ps_client *c, int k, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    snprintf(c->fatal_msg, sizeof c->fatal_msg, "shard %d (rank %d at %s): %s", k, c->s[k].rank, c->s[k].address,
-             what);
+    char name[TS_PROTO_ADDR_MAX + 160];
+    shard_name(c, k, name, sizeof name);
+    snprintf(c->fatal_msg, sizeof c->fatal_msg, "%s: %s", name, what);
     c->fatal = TS_ERR_PEER;
 }
 
@@ -375,6 +398,13 @@ static int missing(const ts_ps_client *c, wait_kind w) {
     return -1;
 }
 
+/* The first shard that has not answered w and has no live server, or -1. */
+static int orphaned(const ts_ps_client *c, wait_kind w) {
+    for (int k = 0; k < c->shards; k++)
+        if (!answered(&c->s[k], w) && c->s[k].rank < 0) return k;
+    return -1;
+}
+
 /* The longest a wait goes without progress. */
 static double patience_ms(const ts_ps_client *c) {
     const ts_job_parallel *p = &c->cfg.job->parallel;
@@ -412,9 +442,20 @@ static ts_status wait_for(ts_ps_client *c, wait_kind w, double *acc) {
         follow(c);
         double now = ts_clock_ms();
         if (c->gen != g) deadline = now + patience_ms(c);
+        int lost = orphaned(c, w);
+        char name[TS_PROTO_ADDR_MAX + 160];
+        if (lost >= 0 && c->cfg.no_restarts) {
+            shard_name(c, lost, name, sizeof name);
+            st = ts_error(TS_ERR_PEER, "%s; nothing restarts a server under mpirun: the %s of step %lld has no one "
+                          "to answer it", name, WAIT_NAMES[w], (long long)c->step);
+            break;
+        }
         if (now > deadline) {
-            st = ts_error(TS_ERR_TIMEOUT, "shard %d (rank %d at %s) did not answer the %s of step %lld within %.0f ms",
-                          k, c->s[k].rank, c->s[k].address, WAIT_NAMES[w], (long long)c->step, patience_ms(c));
+            shard_name(c, lost >= 0 ? lost : k, name, sizeof name);
+            st = lost >= 0 ? ts_error(TS_ERR_TIMEOUT, "%s; none came back within %.0f ms for the %s of step %lld", name,
+                                      patience_ms(c), WAIT_NAMES[w], (long long)c->step)
+                           : ts_error(TS_ERR_TIMEOUT, "%s did not answer the %s of step %lld within %.0f ms", name,
+                                      WAIT_NAMES[w], (long long)c->step, patience_ms(c));
             break;
         }
         for (int j = 0; j < c->shards; j++)
@@ -641,7 +682,7 @@ ts_ps_client *ts_ps_client_create(const ts_ps_client_config *cfg) {
     if (!st && c->shards < 1) st = ts_error(TS_ERR_VALUE, "parallel.servers: strategy \"ps\" needs at least one shard");
     if (!st) st = ts_keys_plan(cfg->tensors, cfg->n_tensors, cfg->numel, c->shards, plan);
     for (int k = 0; !st && k < c->shards; k++) c->s[k] = (shard_link){.off = plan[k].offset, .len = plan[k].len,
-                                                                       .rank = -1};
+                                                                       .rank = -1, .last = -1};
     free(plan);
     if (!st && cfg->job->parallel.wire_dtype && !(c->wire16 = malloc((size_t)cfg->numel * sizeof *c->wire16)))
         st = ts_error(TS_ERR_MEMORY, "ps client: out of memory for bf16 gradients of %lld keys", (long long)cfg->numel);

@@ -13,10 +13,12 @@
  * connects to the new one and sends it the step's messages again (the
  * shards treat repeats as such); a "retry" answer does the same a moment
  * later. Waits follow the membership, stop when the job is shut down, and
- * give up after parallel.barrier_timeout_ms without progress, naming the
- * shard and rank that did not answer. A "redo" or "behind" answer ends the
- * wait with TS_ERR_STATE and the event (ts_ps_client_event) says what the
- * shard asked for.
+ * give up after parallel.barrier_timeout_ms (at least 4 heartbeat
+ * timeouts) without progress, naming the shard and rank that did not
+ * answer - or, for a shard left without a live server, since which
+ * generation and its last server; with no_restarts such a wait ends at
+ * once. A "redo" or "behind" answer ends the wait with TS_ERR_STATE and
+ * the event (ts_ps_client_event) says what the shard asked for.
  *
  * One thread uses a client (the trainer's).
  */
@@ -42,6 +44,7 @@ typedef struct {
     int64_t numel;
     float *params;              /* the model's flat parameters: pulls write them */
     const float *grads;         /* the model's flat gradients: pushes read them */
+    bool no_restarts;           /* nothing restarts a shard's server (mpirun): a wait on a shard with none ends */
 } ts_ps_client_config;
 
 /* What a shard asked for when a wait ended with TS_ERR_STATE. */

@@ -47,6 +47,7 @@ typedef struct {
     ts_ps_client *c;
     ts_mirror *mirror;    /* the model's buffers in host memory */
     const char *key_file;
+    bool mpi;             /* under mpirun: nothing restarts a shard's server */
     bool sync;
     ts_loader_pos start;  /* the loader's position when the step began */
     double sq_norm;       /* the squared norm of the step's gradient */
@@ -145,7 +146,7 @@ static ts_status ps_attach(ts_strategy *s) {
     d->sync = t->job.parallel.consistency == TS_CONSISTENCY_SYNC;
     ts_ps_client_config cfg = {.job = &t->job, .member = s->member, .key_file = d->key_file, .tensors = tensors,
                                .n_tensors = m->n_params, .numel = m->numel, .params = ts_mirror_params(d->mirror),
-                               .grads = ts_mirror_grads(d->mirror)};
+                               .grads = ts_mirror_grads(d->mirror), .no_restarts = d->mpi};
     d->c = ts_ps_client_create(&cfg);
     free(tensors);
     if (!d->c) return ts_last_status();
@@ -321,6 +322,7 @@ ts_strategy *ts_strategy_ps_new(const ts_strategy_options *o) {
     d->base.ops = &ps_ops;
     d->base.no_optim_state = true; /* the shards keep it */
     d->key_file = o->key_file;
+    d->mpi = o->mpi_comm != NULL;
     d->have = d->reported = d->reduce_step = d->rollback_to = -1;
     /* the loader is made before the join: shard it for the job's workers
      * (its steps per epoch), attach takes the live group */

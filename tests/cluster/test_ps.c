@@ -16,7 +16,8 @@
  * job resumed from its checkpoints goes on as if it never stopped; its
  * workers' checkpoint, which holds no optimizer state, evaluates but does
  * not resume a run of another strategy. Ctrl-C stops every worker after
- * the same step, saved.
+ * the same step, saved. Under mpirun, a shard whose only server stopped
+ * ends the workers once it is declared dead, naming its last server.
  * Run one test by name: cluster_test_ps <name>.
  */
 #include <setjmp.h>
@@ -519,22 +520,49 @@ static void test_interrupt(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* mpirun of tessera-run --mpi on 4 ranks (the scheduler, one ps, two
+ * workers) running job in the run folder th_path(run). */
+static th_proc start_mpirun(const char *tag, const char *job, const char *run) {
+    char run_bin[4200], set_dir[4300];
+    snprintf(run_bin, sizeof run_bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
+    snprintf(set_dir, sizeof set_dir, "train.run_dir=%s", th_path(run));
+    const char *argv[] = {"mpirun", "-np", "4", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-x",
+                          "TESSERA_NUM_THREADS=1", run_bin, "--mpi", job, "--set", set_dir, NULL};
+    return th_start(tag, argv);
+}
+
 /* Under mpirun (1 scheduler, 1 ps, 2 workers, each an MPI process): the
  * same sync job, ending with a checkpoint that evaluates. */
 static void test_mpirun(void **state) {
     (void)state;
     th_need_mpirun();
     const char *job = job_file("mpi-ps", false, 240, 32, "\"strategy\": \"ps\", \"servers\": 1, \"workers\": 2");
-    char run_bin[4200], set_dir[4300];
-    snprintf(run_bin, sizeof run_bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
-    snprintf(set_dir, sizeof set_dir, "train.run_dir=%s", th_path("run-mpi"));
-    const char *argv[] = {"mpirun", "-np", "4", "--oversubscribe", "--allow-run-as-root", "-x",
-                          "TESSERA_NUM_THREADS=1", run_bin, "--mpi", job, "--set", set_dir, NULL};
-    th_proc p = th_start("mpi-ps", argv);
+    th_proc p = start_mpirun("mpi-ps", job, "run-mpi");
     th_wait_mpirun(&p, 120000);
     assert_int_equal(th_count(&p, "shutdown (code 0)"), 3); /* ps + 2 workers */
     expect_accuracy(th_path("run-mpi"), 240);
     assert_int_equal(th_leftovers(), 0);
+}
+
+/* Under mpirun nothing restarts a ps: once the scheduler declares the
+ * only server of shard 0 dead (stopped by SIGSTOP), the workers end
+ * without waiting out their patience (20 s here), naming the shard, since
+ * which generation it has had no live server and its last one. */
+static void test_mpirun_stop_shard(void **state) {
+    (void)state;
+    th_need_mpirun();
+    const char *job = job_file("mpi-ps-stop", false, 100000, 8, "\"strategy\": \"ps\", \"servers\": 1, \"workers\": 2");
+    th_proc p = start_mpirun("mpi-ps-stop", job, "run-mpi-stop");
+    if (th_wait_for(&p, "step 20/100000", 60000) != 0) th_dump(&p, "the job did not reach step 20");
+    pid_t ps = th_child(p.pid, NULL, 1); /* mpirun's children are its ranks: MPI rank 1 is the ps */
+    if (ps <= 0) th_dump(&p, "mpirun has fewer than 2 ranks");
+    kill(ps, SIGSTOP);
+    if (th_mpirun_status(&p, 60000) <= 0) th_dump(&p, "mpirun did not end non-zero after its only ps stopped");
+    if (th_count(&p, "shard 0 has had no live server since generation ") == 0 ||
+        th_count(&p, "(its last, ps rank 0 at tcp://127.0.0.1:") == 0 ||
+        th_count(&p, "nothing restarts a server under mpirun") == 0)
+        th_dump(&p, "no worker said that shard 0 has no live server left, and which was its last");
+    th_leftovers(); /* mpirun may exit before it reaped every rank */
 }
 
 int main(int argc, char **argv) {
@@ -547,7 +575,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_kill_primary),    cmocka_unit_test(test_kill_primary_twice),
         cmocka_unit_test(test_resume), cmocka_unit_test(test_resume_reshard),
         cmocka_unit_test(test_interrupt),
-        cmocka_unit_test(test_mpirun),
+        cmocka_unit_test(test_mpirun),          cmocka_unit_test(test_mpirun_stop_shard),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
