@@ -62,6 +62,8 @@ struct ts_ps_client {
     void *zctx;
     int shards;
     shard_link *s;
+    zmq_pollitem_t *items;     /* a poll of the shards' sockets (one per shard) */
+    int *item_shard;           /* the shard of each item */
     uint16_t *wire16;          /* bf16 gradients on the wire, or NULL */
     int32_t me;
     uint64_t gen;              /* the roster's generation */
@@ -357,9 +359,9 @@ static void handle(ts_ps_client *c, int k, const ts_proto_msg *m) {
 
 /* Receives and handles what the shards' sockets hold, waiting up to ms. */
 static void poll_shards(ts_ps_client *c, int ms) {
-    zmq_pollitem_t items[64];
-    int idx[64], n = 0;
-    for (int k = 0; k < c->shards && n < 64; k++)
+    zmq_pollitem_t *items = c->items;
+    int *idx = c->item_shard, n = 0;
+    for (int k = 0; k < c->shards; k++)
         if (c->s[k].sock) items[n] = (zmq_pollitem_t){c->s[k].sock, 0, ZMQ_POLLIN, 0}, idx[n++] = k;
     if (!n) {
         ts_sleep_ms(ms);
@@ -676,9 +678,13 @@ ts_ps_client *ts_ps_client_create(const ts_ps_client_config *cfg) {
     }
     c->cfg = *cfg;
     c->shards = cfg->job->parallel.servers;
-    c->s = calloc((size_t)(c->shards > 0 ? c->shards : 1), sizeof *c->s);
-    ts_range *plan = calloc((size_t)(c->shards > 0 ? c->shards : 1), sizeof *plan);
-    ts_status st = c->s && plan ? TS_OK : ts_error(TS_ERR_MEMORY, "ps client: out of memory");
+    size_t slots = (size_t)(c->shards > 0 ? c->shards : 1);
+    c->s = calloc(slots, sizeof *c->s);
+    c->items = calloc(slots, sizeof *c->items);
+    c->item_shard = calloc(slots, sizeof *c->item_shard);
+    ts_range *plan = calloc(slots, sizeof *plan);
+    bool have = c->s && c->items && c->item_shard && plan;
+    ts_status st = have ? TS_OK : ts_error(TS_ERR_MEMORY, "ps client: out of memory");
     if (!st && c->shards < 1) st = ts_error(TS_ERR_VALUE, "parallel.servers: strategy \"ps\" needs at least one shard");
     if (!st) st = ts_keys_plan(cfg->tensors, cfg->n_tensors, cfg->numel, c->shards, plan);
     for (int k = 0; !st && k < c->shards; k++) c->s[k] = (shard_link){.off = plan[k].offset, .len = plan[k].len,
@@ -731,6 +737,8 @@ void ts_ps_client_free(ts_ps_client *c) {
     ts_proto_rx_release(&c->rx);
     if (c->zctx) zmq_ctx_term(c->zctx);
     free(c->s);
+    free(c->items);
+    free(c->item_shard);
     free(c->wire16);
     free(c->workers);
     free(c);
