@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/io/atomic.h"
 #include "launch/netsim.h"
 #include "launch/supervise.h"
 #include "launch/train.h"
@@ -63,6 +64,7 @@ typedef struct {
     char reason[2048];
     char after_end[2048]; /* a node that failed after the job's last step (its final checkpoint or
                              evaluation): the job fails with it; "" when none did */
+    int lock_fd;          /* holds the run folder for this job (ts_io_lock_run_dir), -1 before */
 } cluster;
 
 void ts_cluster_scheduler_args(ts_argv *a, const ts_job *job,
@@ -610,6 +612,7 @@ static ts_status prepare(cluster *cl) {
         return ts_error(TS_ERR_IO, "%s: %s", cl->o->job_path,
                         strerror(errno));
     st = make_run_dir(cl);
+    if (st == TS_OK) st = ts_io_lock_run_dir(cl->run_dir, &cl->lock_fd);
     if (st != TS_OK) return st;
 
     char path[PATH_MAX + 32];
@@ -667,6 +670,7 @@ int ts_cluster_run(const ts_cluster_opts *o) {
         return 1;
     }
     cl->o = o;
+    cl->lock_fd = -1;
     cl->stop_signal = SIGTERM;
     cl->ps = slots;
     cl->workers = slots + nps;
@@ -748,6 +752,7 @@ int ts_cluster_run(const ts_cluster_opts *o) {
         code = 0;
     }
 out:
+    if (cl->lock_fd >= 0) close(cl->lock_fd);
     free(cl->netsim);
     free(slots);
     free(cl);

@@ -6,8 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "kernels/clock.h"
+#include "kernels/io/atomic.h"
 #include "membership/member.h"
 #include "worker/fit.h"
 #include "worker/strategy.h"
@@ -128,6 +130,8 @@ int ts_worker_run(const ts_worker_options *o) {
     ts_trainer *t = s ? ts_trainer_create(o->job, text, o->run_dir, o->resume, s) : NULL;
     free(text);
     ts_status st = t ? TS_OK : ts_last_status();
+    int lock = -1; /* a job of its own holds its run folder; a cluster's launcher holds it for its workers */
+    if (!st && !o->scheduler && o->run_dir) st = ts_io_lock_run_dir(o->run_dir, &lock);
     if (!st && o->scheduler && !m && !(m = join(o, s->address))) {
         st = TS_ERR_PEER;
         refused = true;
@@ -152,6 +156,7 @@ int ts_worker_run(const ts_worker_options *o) {
         ts_member_step_done(m, t->step); /* done, evaluation included: the job may end */
     }
     ts_trainer_free(t);
+    if (lock >= 0) close(lock);
     if (!m) return code;
     if (code) {
         ts_member_leave(m, code == 130 ? "stopped by a signal" : "training failed");

@@ -6,8 +6,10 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <libgen.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -152,5 +154,34 @@ ts_status ts_io_open_regular(const char *path, const char *what, int *fd) {
         return s;
     }
     *fd = f;
+    return TS_OK;
+}
+
+ts_status ts_io_lock_run_dir(const char *dir, int *fd) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/.lock", dir);
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (*fd < 0) return ts_error(TS_ERR_IO, "run folder %s: cannot open its .lock: %s", dir, strerror(errno));
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        char pid[32] = "";
+        ssize_t n = pread(*fd, pid, sizeof pid - 1, 0);
+        pid[n > 0 ? n : 0] = '\0';
+        pid[strcspn(pid, "\n")] = '\0';
+        close(*fd);
+        *fd = -1;
+        if (err == EWOULDBLOCK)
+            return ts_error(TS_ERR_STATE, "run folder %s is in use by process %s (give another --run-dir)", dir,
+                            pid[0] ? pid : "(unknown)");
+        return ts_error(TS_ERR_IO, "run folder %s: cannot lock its .lock: %s", dir, strerror(err));
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(*fd, 0) != 0 || pwrite(*fd, pid, (size_t)n, 0) != n) {
+        int err = errno;
+        close(*fd);
+        *fd = -1;
+        return ts_error(TS_ERR_IO, "run folder %s: cannot write its .lock: %s", dir, strerror(err));
+    }
     return TS_OK;
 }

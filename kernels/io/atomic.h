@@ -5,8 +5,8 @@
  * renames the temp file onto the final name and fsyncs the folder, so a
  * reader sees either the old file or the complete new one, never a part.
  * ts_io_atomic_abort removes the temp file. Helpers for fsyncing a folder,
- * removing a folder tree and opening a file to read only when it is a
- * regular file live here too.
+ * removing a folder tree, opening a file to read only when it is a regular
+ * file and taking a run folder for one process live here too.
  */
 #ifndef TS_IO_ATOMIC_H
 #define TS_IO_ATOMIC_H
@@ -46,5 +46,12 @@ ts_status ts_io_remove_tree(const char *dir);
  * reader run forever. *fd is a blocking descriptor; an open failure is
  * TS_ERR_IO "<what> <path>: cannot open: <errno text>". */
 ts_status ts_io_open_regular(const char *path, const char *what, int *fd);
+
+/* Takes the run folder dir (it exists) for this process alone: an
+ * exclusive flock of dir/.lock, which holds the pid. *fd keeps the lock
+ * until it is closed or the process ends (not inherited by programs it
+ * executes). A folder another process holds is TS_ERR_STATE "run folder
+ * <dir> is in use by process <pid>". */
+ts_status ts_io_lock_run_dir(const char *dir, int *fd);
 
 #endif

@@ -9,9 +9,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -213,6 +215,27 @@ static void test_messages_name_the_thing(void **state) {
                          "--run-dir %s", path), 1);
     expect_text(log, want);
     if (strstr(log, "tessera-run: tessera-run")) fail_msg("doubled prefix in:\n%s", log);
+
+    /* a run folder another process holds (its .lock) is refused naming the
+     * process, by a local run, tessera-worker and a cluster; free again, it runs */
+    snprintf(run_dir, sizeof run_dir, "%s/msg-busy", base);
+    assert_int_equal(mkdir(run_dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/.lock", run_dir);
+    int lock = open(path, O_RDWR | O_CREAT, 0644);
+    assert_true(lock >= 0);
+    assert_int_equal(flock(lock, LOCK_EX), 0);
+    assert_int_equal(write(lock, "4242\n", 5), 5);
+    snprintf(want, sizeof want, "run folder %s is in use by process 4242", run_dir);
+    assert_int_equal(run("msg-busy-local", log, sizeof log, MLP_JOB " --set steps=2 --run-dir %s", run_dir), 1);
+    expect_text(log, want);
+    assert_int_equal(run_prog("", "tessera-worker", "msg-busy-worker", log, sizeof log, MLP_JOB " --set steps=2 "
+                              "--run-dir %s", run_dir), 1);
+    expect_text(log, want);
+    assert_int_equal(run("msg-busy-ddp", log, sizeof log, MLP_JOB " --set steps=2 --set parallel.strategy=ddp "
+                         "--run-dir %s", run_dir), 1);
+    expect_text(log, want);
+    close(lock);
+    assert_int_equal(run("msg-busy-free", log, sizeof log, MLP_JOB " --set steps=2 --run-dir %s", run_dir), 0);
 }
 
 /* "device" names a device kind; a job on a GPU where there is none (or in
