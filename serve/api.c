@@ -121,8 +121,9 @@ static bool read_floats(const json_t *v, const int64_t *shape, int nd, float **o
 }
 
 /* Reads instance v (GPT: token ids) into ids[0..*T); the first instance
- * sets *T, the others must match it. */
-static bool read_ids(const ts_serve_model *m, const json_t *v, int64_t *ids, int64_t *T, const char *path,
+ * sets *T, the others must match it. path is v's JSON path (cap bytes); a
+ * bad token id is named by its own path, path[i]. */
+static bool read_ids(const ts_serve_model *m, const json_t *v, int64_t *ids, int64_t *T, char *path, size_t cap,
                      ts_serve_reply *err) {
     int64_t block = m->spec.gpt.block_size, vocab = m->spec.gpt.vocab, n = (int64_t)json_array_size(v);
     if (!json_is_array(v)) {
@@ -144,8 +145,14 @@ static bool read_ids(const ts_serve_model *m, const json_t *v, int64_t *ids, int
     for (int64_t i = 0; i < n; i++) {
         const json_t *t = json_array_get(v, (size_t)i);
         if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= vocab) {
-            *err = ts_serve_error(400, path, "entry %lld: expected a token id in [0, %lld), got %s", (long long)i,
-                                  (long long)vocab, json_is_integer(t) ? "one outside" : type_name(t));
+            size_t len = strlen(path);
+            snprintf(path + len, cap - len, "[%lld]", (long long)i);
+            if (json_is_integer(t))
+                *err = ts_serve_error(400, path, "expected a token id in [0, %lld), got %lld", (long long)vocab,
+                                      (long long)json_integer_value(t));
+            else
+                *err = ts_serve_error(400, path, "expected a token id in [0, %lld), got %s", (long long)vocab,
+                                      type_name(t));
             return false;
         }
         ids[i] = json_integer_value(t);
@@ -191,7 +198,7 @@ ts_serve_reply ts_serve_predict(ts_serve_model *m, const char *body, size_t len)
     float *at = x;
     for (int64_t i = 0; !r.body && i < n; i++) {
         snprintf(path, sizeof path, "instances[%lld]", (long long)i);
-        if (ids) read_ids(m, json_array_get(inst, (size_t)i), ids + i * (T ? T : 0), &T, path, &r);
+        if (ids) read_ids(m, json_array_get(inst, (size_t)i), ids + i * T, &T, path, sizeof path, &r);
         else read_floats(json_array_get(inst, (size_t)i), m->sample_shape, m->sample_ndim, &at, path, sizeof path, &r);
     }
     if (!r.body) {

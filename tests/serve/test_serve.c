@@ -335,8 +335,17 @@ static void test_bad_requests(void **state) {
     }
     assert_int_equal(curl(AUTH " -d '{\"instances\": [[1, 2], [3]]}' http://127.0.0.1:%d/v1/models/gpt:predict", port), 400);
     expect_field("instances[1]");
+    /* a token id outside the vocabulary, or not an integer: the field is the
+     * token's own path, as for the MLP's numbers */
     assert_int_equal(curl(AUTH " -d '{\"instances\": [[300]]}' http://127.0.0.1:%d/v1/models/gpt:predict", port), 400);
-    expect_field("instances[0]");
+    expect_field("instances[0][0]");
+    assert_non_null(strstr(body, "got 300"));
+    assert_int_equal(curl(AUTH " -d '{\"instances\": [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, -1]]}' "
+                          "http://127.0.0.1:%d/v1/models/gpt:predict", port), 400);
+    expect_field("instances[1][5]");
+    assert_int_equal(curl(AUTH " -d '{\"instances\": [[1, \"a\"]]}' http://127.0.0.1:%d/v1/models/gpt:predict", port),
+                     400);
+    expect_field("instances[0][1]");
     assert_int_equal(curl(AUTH " -d '{}' http://127.0.0.1:%d/v1/models/nope:predict", port), 404);
     expect_field("model");
     assert_int_equal(curl(AUTH " http://127.0.0.1:%d/v1/models/mlp:predict", port), 405);
