@@ -13,6 +13,7 @@
 #include "kernels/io/checkpoint.h"
 #include "proto/job_model.h"
 #include "kernels/nn/generate.h"
+#include "worker/model_open.h"
 #include "worker/node.h"
 #include "worker/trainer.h"
 
@@ -110,25 +111,26 @@ int ts_launch_consolidate(const char *ckpt, const char *out) {
 
 int ts_launch_generate(const ts_launch_source *src, const char *prompt, int n, double temperature, int top_k,
                        uint64_t seed) {
-    const char *ckpt = src->path;
-    ts_trainer *t = trainer_from(src);
-    if (t && t->spec.arch != TS_ARCH_GPT) {
-        ts_error(TS_ERR_VALUE, "%s: --generate needs a GPT checkpoint", ckpt);
-        ts_trainer_free(t);
-        t = NULL;
+    ts_job job;
+    ts_model_spec spec;
+    ts_model *m = ts_worker_open_model(src->path, src->job_path, src->sets, src->nsets, &job, &spec);
+    if (m && spec.arch != TS_ARCH_GPT) {
+        ts_error(TS_ERR_VALUE, "%s: --generate needs a GPT, this is %s", src->path,
+                 spec.arch == TS_ARCH_MLP ? "an MLP" : "a CNN");
+        ts_model_free(m);
+        m = NULL;
     }
     size_t cap = strlen(prompt) + (size_t)n + 1;
-    char *out = t ? malloc(cap) : NULL;
-    if (!t || !out ||
-        ts_generate(t->model, t->spec.gpt.block_size, prompt, n, temperature, top_k, ts_key_from_seed(seed), out,
-                    cap)) {
-        fprintf(stderr, "tessera-run --generate: %s\n", ts_last_error());
+    char *out = m ? malloc(cap) : NULL;
+    if (!m || !out ||
+        ts_generate(m, spec.gpt.block_size, prompt, n, temperature, top_k, ts_key_from_seed(seed), out, cap)) {
+        fprintf(stderr, "tessera-run --generate: %s\n", m && !out ? "out of memory" : ts_last_error());
         free(out);
-        ts_trainer_free(t);
+        ts_model_free(m);
         return 1;
     }
     printf("%s\n", out);
     free(out);
-    ts_trainer_free(t);
+    ts_model_free(m);
     return 0;
 }
