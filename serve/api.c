@@ -240,10 +240,13 @@ ts_generator *ts_serve_generate_begin(ts_serve_model *m, const char *body, size_
     const json_t *prompt = json_object_get(doc, "prompt"), *temp = json_object_get(doc, "temperature");
     long long tokens, top_k, seed;
     ts_generator *g = NULL;
-    if (!json_is_string(prompt) || json_string_length(prompt) == 0 || json_string_length(prompt) > TS_SERVE_MAX_PROMPT ||
-        strlen(json_string_value(prompt)) != json_string_length(prompt))
-        *err = ts_serve_error(400, "prompt", "expected a non-empty string of at most %d bytes without NUL, got %s",
-                              TS_SERVE_MAX_PROMPT, prompt ? type_name(prompt) : "nothing");
+    size_t plen = json_string_length(prompt); /* no NUL inside: the parser refuses \u0000 */
+    char got[64];
+    if (!json_is_string(prompt)) snprintf(got, sizeof got, "%s", prompt ? type_name(prompt) : "nothing");
+    else snprintf(got, sizeof got, plen ? "one of %zu bytes" : "an empty one", plen);
+    if (!json_is_string(prompt) || plen == 0 || plen > TS_SERVE_MAX_PROMPT)
+        *err = ts_serve_error(400, "prompt", "expected a non-empty string of at most %d bytes, got %s",
+                              TS_SERVE_MAX_PROMPT, got);
     else if (temp && (!json_is_number(temp) || !(json_number_value(temp) > 0) || json_number_value(temp) > 100))
         *err = ts_serve_error(400, "temperature", "expected a number in (0, 100], got %s",
                               json_is_number(temp) ? "one outside" : type_name(temp));

@@ -295,6 +295,21 @@ static void test_generate(void **state) {
     expect_field("model");
     assert_int_equal(curl(AUTH " -d '{\"prompt\": 7}' http://127.0.0.1:%d/v1/models/gpt:generate", port), 400);
     expect_field("prompt");
+    assert_non_null(strstr(body, "got a number"));
+    /* an empty prompt, or one past the limit: the message says which */
+    assert_int_equal(curl(AUTH " -d '{\"prompt\": \"\"}' http://127.0.0.1:%d/v1/models/gpt:generate", port), 400);
+    expect_field("prompt");
+    assert_non_null(strstr(body, "got an empty one"));
+    char req[256];
+    snprintf(req, sizeof req, "%s/long_prompt.json", dir);
+    FILE *f = fopen(req, "w");
+    fputs("{\"prompt\": \"", f);
+    for (int i = 0; i < 65537; i++) fputc('a', f);
+    fputs("\"}", f);
+    fclose(f);
+    assert_int_equal(curl(AUTH " -d @%s http://127.0.0.1:%d/v1/models/gpt:generate", req, port), 400);
+    expect_field("prompt");
+    assert_non_null(strstr(body, "got one of 65537 bytes"));
     assert_int_equal(curl(AUTH " -d '{\"prompt\": \"a\", \"max_tokens\": 100000}' http://127.0.0.1:%d/v1/models/gpt:generate", port), 400);
     expect_field("max_tokens");
 }
