@@ -2,46 +2,49 @@
 #include "kernels/nn/generate.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/autograd.h"
 
-/* Samples an index from logits (vocab entries) with temperature, top_k and
- * the uniform number u in [0, 1). */
-static int sample(const float *logits, int vocab, double temperature, int top_k, double u) {
-    double *p = malloc(sizeof(double) * (size_t)vocab);
-    if (!p) return 0;
+/* Samples an index from logits (vocab entries) into *pick with
+ * temperature, top_k (exactly the top_k largest, ties broken by the lower
+ * index; 0: all) and the uniform number u in [0, 1). Logits that are not
+ * finite (a diverged model) are an error, not a draw. */
+static ts_status sample(const float *logits, int vocab, double temperature, int top_k, double u, int *pick) {
     double max = -INFINITY;
-    for (int i = 0; i < vocab; i++) max = fmax(max, logits[i]);
-    /* threshold: the top_k-th largest logit */
-    double cut = -INFINITY;
-    if (top_k > 0 && top_k < vocab) {
-        for (int i = 0; i < vocab; i++) p[i] = logits[i];
-        for (int k = 0; k < top_k; k++) { /* partial selection, vocab is small */
-            int best = -1;
-            for (int i = 0; i < vocab; i++)
-                if (p[i] != -INFINITY && (best < 0 || p[i] > p[best])) best = i;
-            cut = p[best];
-            p[best] = -INFINITY;
-        }
+    for (int i = 0; i < vocab; i++) {
+        if (!isfinite(logits[i]))
+            return ts_error(TS_ERR_VALUE, "generate: the model's logit for byte %d is %g (a diverged model?)", i,
+                            logits[i]);
+        max = fmax(max, logits[i]);
+    }
+    double *p = malloc(sizeof(double) * (size_t)vocab);
+    if (!p) return ts_error(TS_ERR_MEMORY, "generate: out of memory for %d probabilities", vocab);
+    bool all = top_k <= 0 || top_k >= vocab;
+    for (int i = 0; i < vocab; i++) p[i] = all ? 1 : 0; /* 1: among the top_k */
+    for (int k = 0; !all && k < top_k; k++) { /* partial selection, vocab is small */
+        int best = -1;
+        for (int i = 0; i < vocab; i++)
+            if (p[i] == 0 && (best < 0 || logits[i] > logits[best])) best = i;
+        p[best] = 1;
     }
     double sum = 0;
     for (int i = 0; i < vocab; i++) {
-        p[i] = logits[i] >= cut ? exp((logits[i] - max) / temperature) : 0;
+        p[i] = p[i] > 0 ? exp((logits[i] - max) / temperature) : 0;
         sum += p[i];
     }
     double target = u * sum, acc = 0;
-    int pick = vocab - 1;
-    for (int i = 0; i < vocab; i++) {
+    *pick = -1;
+    for (int i = 0; i < vocab && *pick < 0; i++) {
         acc += p[i];
-        if (p[i] > 0 && acc > target) {
-            pick = i;
-            break;
-        }
+        if (p[i] > 0 && acc > target) *pick = i;
     }
+    for (int i = vocab - 1; *pick < 0; i--) /* rounding left u at the very end: the last one kept */
+        if (p[i] > 0) *pick = i;
     free(p);
-    return pick;
+    return TS_OK;
 }
 
 struct ts_generator {
@@ -103,8 +106,10 @@ ts_status ts_generator_next(ts_generator *g, char *c, bool *done) {
     int vocab = (int)logits->shape[2];
     float u;
     ts_rng_uniform_f32(g->key, (uint64_t)g->made, 1, &u);
-    int k = sample(ts_f32(logits) + (T - 1) * vocab, vocab, g->temperature, g->top_k, u);
+    int k = 0;
+    ts_status st = sample(ts_f32(logits) + (T - 1) * vocab, vocab, g->temperature, g->top_k, u, &k);
     ts_tensor_release(logits);
+    if (st) return st;
     *c = (char)(k ? k : ' '); /* a NUL byte would end the text */
     g->text[g->len++] = *c;
     g->text[g->len] = '\0';

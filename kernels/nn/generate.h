@@ -1,7 +1,9 @@
 /* generate.h - sampling text from a byte-level GPT.
  *
  * Each new byte is drawn from softmax(logits / temperature) of the last
- * position, restricted to the top_k most likely bytes (top_k 0: all), with
+ * position, restricted to the top_k most likely bytes (top_k 0: all;
+ * exactly k when logits tie, the lower bytes first; a logit that is not
+ * finite is an error), with
  * the uniform number for byte i taken from key at position i, so the same
  * key and prompt give the same text. The context is the last block_size
  * bytes. A generator hands out one byte per call (a server streams them
