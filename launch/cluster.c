@@ -53,6 +53,7 @@ typedef struct {
     ts_netsim *netsim;  /* the virtual cluster (TESSERA_NETSIM), or NULL */
     int restarts_used;
     int regrouping;     /* a pipeline waits for its workers to exit to restart them all */
+    char regroup_what[256]; /* the failure that started the regrouping ("worker 1 exited with signal 9") */
     double regroup_deadline; /* restart then even if the scheduler still lists a worker */
     int resume_workers; /* workers start from the run's checkpoints (a restarted pipeline) */
     phase phase;
@@ -62,8 +63,7 @@ typedef struct {
     int stop_signal;  /* sent to the children when stopping */
     int exit_code;
     char reason[2048];
-    char after_end[2048]; /* a node that failed after the job's last step (its final checkpoint or
-                             evaluation): the job fails with it; "" when none did */
+    char unfinished[2048]; /* a node failed after the job's last step: what (its end may not be saved) */
     int lock_fd;          /* holds the run folder for this job (ts_io_lock_run_dir), -1 before */
 } cluster;
 
@@ -378,6 +378,7 @@ static void restart_pipeline(cluster *cl, const char *what, const char *reason) 
         }
         cl->restarts_used++;
         cl->regrouping = 1;
+        snprintf(cl->regroup_what, sizeof cl->regroup_what, "%s", what);
         fprintf(stderr, "[run] %s%s; a pipeline cannot go on without a stage: restarting every stage from the "
                         "last checkpoint once all have stopped (restart %d of %d)\n",
                 what, reason, cl->restarts_used, p->max_restarts);
@@ -411,6 +412,16 @@ static void stop_unjoined(cluster *cl) {
     }
 }
 
+/* A node failed on its own after the job's last step, or a pipeline's
+ * restart was pending when the job ended: the job's final checkpoint or
+ * evaluation may be missing, so it does not complete (first reason wins).
+ * The others go on with theirs. */
+static void note_unfinished(cluster *cl, const char *what, const char *reason) {
+    if (cl->unfinished[0]) return;
+    snprintf(cl->unfinished, sizeof cl->unfinished, "%s after the job's last step%s", what, reason);
+    fprintf(stderr, "[run] %s\n", cl->unfinished);
+}
+
 static void on_done(ts_child *c) {
     cluster *cl = c->super->user;
     slot *sl = c->user;
@@ -427,6 +438,7 @@ static void on_done(ts_child *c) {
     if (sl->role == TS_ROLE_SCHEDULER) {
         if (ok && cl->phase != PHASE_FAILED) {
             cl->phase = PHASE_DONE;
+            if (cl->regrouping) note_unfinished(cl, cl->regroup_what, ", before the pipeline restarted");
             stop_unjoined(cl);
         } else if (cl->phase == PHASE_STARTING || cl->phase == PHASE_RUNNING) {
             fail(cl, cl->interrupted ? 128 + cl->interrupted : 1, "%s%s", what, reason);
@@ -454,13 +466,8 @@ static void on_done(ts_child *c) {
         } else {
             fail_node(cl, "%s%s", what, reason);
         }
-    } else if (!ok && cl->phase == PHASE_DONE && sl->joined && !cl->super.stopping && !cl->interrupted &&
-               !cl->after_end[0]) {
-        /* the scheduler ended the job, but this node's final checkpoint or
-         * evaluation failed: the others finish theirs, then the job fails */
-        snprintf(cl->after_end, sizeof cl->after_end, "%s after the job's last step (in its final checkpoint or "
-                 "evaluation)%s", what, reason);
-        fprintf(stderr, "[run] %s\n", cl->after_end);
+    } else if (!ok && cl->phase == PHASE_DONE && sl->joined && !cl->super.stopping) {
+        note_unfinished(cl, what, reason);
     }
     /* the scheduler ended the job, or every node finished: give the rest
      * time to exit by themselves */
@@ -727,8 +734,9 @@ int ts_cluster_run(const ts_cluster_opts *o) {
         fprintf(stderr, "[run] job %s failed: %s (run folder %s)\n", o->job.name,
                 cl->reason, cl->run_dir);
         code = cl->exit_code;
-    } else if (cl->after_end[0]) {
-        fprintf(stderr, "[run] job %s failed: %s (run folder %s)\n", o->job.name, cl->after_end, cl->run_dir);
+    } else if (cl->unfinished[0] && !cl->interrupted) {
+        fprintf(stderr, "[run] job %s failed: %s; its final checkpoint or evaluation may be missing (run folder %s; "
+                        "go on with --resume --run-dir %s)\n", o->job.name, cl->unfinished, cl->run_dir, cl->run_dir);
         code = 1;
     } else if (cl->late) {
         fprintf(stderr, "[run] job %s interrupted by %s after its last step, in its final checkpoint or "

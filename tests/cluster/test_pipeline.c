@@ -15,7 +15,8 @@
  * stage killed -9 (plain and interleaved) stops every other stage with an
  * error naming it, and tessera-run restarts the pipeline from its
  * checkpoint and
- * finishes; Ctrl-C stops every stage after the same step, saved. Run one
+ * finishes; a stage killed -9 after the last step fails the job, which a
+ * resume finishes; Ctrl-C stops every stage after the same step, saved. Run one
  * scenario by name: cluster_test_pipeline test_<name>. */
 #include <math.h>
 #include <setjmp.h>
@@ -455,6 +456,38 @@ static void test_interrupt_restart(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* kill -9 of stage 1 after the job's last step, in its final checkpoint
+ * or evaluation (of the whole validation set, which takes a while):
+ * tessera-run does not say the job completed but that it failed, naming
+ * the stage; resumed, the job writes its final checkpoint and evaluates.
+ * Before, the job "completed" without them. */
+static void test_kill_after_last_step(void **state) {
+    (void)state;
+    char par[512];
+    pipeline_section(par, sizeof par, 2, 1, 4, "1f1b", ", \"max_restarts\": 1");
+    const char *job = th_job_file("pipe-kill-end", "mlp-wide", 12, 32, 1, par);
+    const char *dir = th_path("pipe-kill-end");
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, "--set", "train.eval_batches=0",
+                          "--set", "data.val_fraction=0.5", NULL};
+    th_proc run = th_start("pipe-kill-end", argv);
+    if (th_wait_for(&run, "SHUTDOWN (code 0)", 90000) != 0) th_dump(&run, "the job did not end");
+    pid_t victim = worker_pid(&run, 1);
+    assert_true(victim > 0);
+    kill(victim, SIGKILL);
+    if (th_wait(&run, 60000) != 1) th_dump(&run, "tessera-run did not fail");
+    if (th_count(&run, "failed: worker 1 exited with signal 9 after the job's last step") != 1)
+        th_dump(&run, "tessera-run did not name the stage that died after the last step");
+    const char *again[] = {"tessera-run", job, "--run-dir", dir, "--resume", NULL};
+    th_proc resumed = th_start("pipe-kill-end-resumed", again);
+    if (th_wait(&resumed, 90000) != 0) th_dump(&resumed, "the resumed job did not complete");
+    if (th_count(&resumed, "eval test at step 12") != 1) th_dump(&resumed, "the resumed job did not evaluate");
+    char ckpt[4300];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-12", dir);
+    assert_int_equal(access(ckpt, F_OK), 0);
+    th_expect_steps_once(dir, 12);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 static void test_kill_stage(void **state) { (void)state; kill_stage("pipe-kill", 1); }
 static void test_kill_stage_interleaved(void **state) { (void)state; kill_stage("pipe-kill-il", 2); }
 
@@ -468,6 +501,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_kill_stage), cmocka_unit_test(test_kill_stage_interleaved), cmocka_unit_test(test_epochs),
         cmocka_unit_test(test_timeline_resume),
         cmocka_unit_test(test_interrupt), cmocka_unit_test(test_interrupt_restart),
+        cmocka_unit_test(test_kill_after_last_step),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
