@@ -211,6 +211,10 @@ static ts_status not_a_parameter(const ts_safetensors *st, const char *file_name
 static ts_status match_entries(const ts_model *m, const ts_safetensors *st, const ts_name_map *map, bool strict,
                                source *src) {
     const char *via = map ? " (after the name map)" : "";
+    if (st->n == 0 && m->n_params > 0) /* e.g. the index of a checkpoint in parts */
+        return ts_error(TS_ERR_VALUE, "init_from %s holds no tensors (a checkpoint saved in parts, a pipeline's "
+                        "stages or an fsdp run's shards, keeps none there: tessera-run --consolidate its folder "
+                        "writes them in one)", st->path);
     for (int i = 0; i < m->n_params; i++) src[i].entry = -1;
     for (int k = 0; k < st->n; k++) {
         const ts_safetensors_entry *e = &st->entries[k];

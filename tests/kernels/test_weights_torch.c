@@ -7,7 +7,8 @@
  * names through examples/maps/gpt2_hf.json), Tessera's models give torch's
  * logits within 1e-5 (relative to the largest). A wrong shape, a missing
  * tensor, foreign names without the map and a malformed map are refused
- * with messages naming the tensor and both shapes. */
+ * with messages naming the tensor and both shapes; a file without tensors
+ * (a checkpoint index's) with one that says so and how to get them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -129,6 +130,11 @@ static void test_refusals(void **state) {
     expect_refusal(&wide, "gpt_torch", NULL, (const char *[]){"'wte.weight'", "[256,32]", "[256,48]", NULL});
     expect_refusal(&gpt, "gpt_missing", NULL, (const char *[]){"'ln_f.bias'", "[32]", NULL});
     expect_refusal(&gpt, "gpt_hf", NULL, (const char *[]){"transformer.", "is not a parameter", NULL});
+    /* a file without tensors, as a pipeline's or fsdp run's checkpoint index holds */
+    char empty[256];
+    path_of(empty, sizeof empty, "empty");
+    assert_int_equal(ts_safetensors_write(empty, 0, NULL, NULL, 0, NULL, NULL), TS_OK);
+    expect_refusal(&gpt, "empty", NULL, (const char *[]){"empty.safetensors holds no tensors", "--consolidate", NULL});
     char map[256];
     snprintf(map, sizeof map, "%s/bad_map.json", dir);
     FILE *f = fopen(map, "w");
