@@ -56,7 +56,7 @@ struct ts_trainer {
     ts_job job;
     char *job_text;        /* the job as JSON, saved with checkpoints */
     char run_dir[1024];
-    bool resume;           /* asked to continue from the run folder's newest checkpoint */
+    bool no_checkpoint;    /* asked to continue from the run folder's newest checkpoint, which has none */
     ts_model_spec spec;
     ts_model *model;
     bool part;             /* the model holds some of the units only (a pipeline stage) */
