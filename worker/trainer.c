@@ -180,6 +180,35 @@ static ts_status make_dirs(const char *path) {
     return TS_OK;
 }
 
+/* The optimizer's state as a checkpoint holds it: 0 none (SGD without
+ * momentum), 1 momentum (SGD), 2 moments (Adam and AdamW alike). */
+static int state_kind(const ts_job_optimizer *o) {
+    return o->kind == TS_JOB_SGD ? o->momentum > 0 : 2;
+}
+
+/* "adamw", "sgd with momentum", ... for o. */
+static const char *optimizer_text(const ts_job_optimizer *o) {
+    static const char *const names[] = {"sgd", "adam", "adamw"};
+    return o->kind == TS_JOB_SGD && o->momentum > 0 ? "sgd with momentum" : names[o->kind];
+}
+
+/* Refuses to resume checkpoint dir with an optimizer whose state is not
+ * the one it was trained with (its moments or momentum do not carry over,
+ * or would be dropped unsaid). A config that does not parse is not judged. */
+static ts_status same_optimizer(const ts_job *job, const char *dir) {
+    ts_checkpoint *ck = ts_checkpoint_open(dir);
+    if (!ck) return ts_last_status();
+    ts_job was;
+    ts_status st = TS_OK;
+    if (ck->config && ts_job_parse(ck->config, NULL, 0, &was) == TS_OK &&
+        state_kind(&was.optimizer) != state_kind(&job->optimizer))
+        st = ts_error(TS_ERR_VALUE, "optimizer.kind: %s, but checkpoint %s was trained with %s, whose state does not "
+                      "carry over: resume with its optimizer, or start a new run from its weights (model.init_from)",
+                      optimizer_text(&job->optimizer), dir, optimizer_text(&was.optimizer));
+    ts_checkpoint_close(ck);
+    return st;
+}
+
 ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const char *run_dir, bool resume,
                               ts_strategy *s) {
     if (!s) return NULL; /* its constructor said why */
@@ -194,7 +223,6 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     t->job = *job;
     t->job_text = strdup(job_text ? job_text : "{}");
     snprintf(t->run_dir, sizeof t->run_dir, "%s", run_dir ? run_dir : "");
-    t->resume = run_dir && resume;
     ts_unit_runs runs = {0};
     char ckpt[1200] = ""; /* the checkpoint resumed from, if any */
     ts_status st = TS_OK;
@@ -203,6 +231,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
         int64_t step;
         snprintf(root, sizeof root, "%s/checkpoints", t->run_dir);
         st = ts_checkpoint_latest(root, ckpt, sizeof ckpt, &step);
+        t->no_checkpoint = !ckpt[0];
     }
     if (!st) st = ts_job_model_spec(job, &t->spec);
     if (!st) st = s->ops->units(s, &t->spec, &runs);
@@ -233,6 +262,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     if (!st) st = hook_params(t);
     if (!st) t->whole = whole_slice(t->model);
     if (!st && run_dir) st = make_dirs(t->run_dir);
+    if (!st && ckpt[0]) st = same_optimizer(job, ckpt);
     if (!st && ckpt[0]) st = ts_trainer_load(t, ckpt);
     if (st) {
         ts_trainer_free(t);

@@ -137,6 +137,16 @@ static void test_resume_keeps_each_step_once(void **state) {
         if (steps[s] != 1) fail_msg("metrics.jsonl has %d lines for step %d", steps[s], s);
     assert_int_equal(evals[20], 2); /* the final validation and test evaluations */
 
+    /* another optimizer's state does not carry over: refused, naming both;
+     * Adam's moments serve AdamW */
+    assert_int_equal(run("metrics-sgd", log, sizeof log, "%s --run-dir %s --resume --set steps=24 "
+                         "--set optimizer.kind=sgd", job, dir), 1);
+    snprintf(ck, sizeof ck, "optimizer.kind: sgd, but checkpoint %s/checkpoints/step-20 was trained with adamw", dir);
+    expect_text(log, ck);
+    assert_int_equal(run("metrics-adam", log, sizeof log, "%s --run-dir %s --resume --set steps=24 "
+                         "--set optimizer.kind=adam", job, dir), 0);
+    expect_text(log, "resumed at step 20");
+
     /* --resume in a folder without checkpoints trains from the start, and says so */
     snprintf(dir, sizeof dir, "%s/metrics-none", base);
     assert_int_equal(run("metrics-none", log, sizeof log, MLP_JOB " --set steps=2 --run-dir %s --resume", dir), 0);
