@@ -18,7 +18,7 @@
  * NaN stays NaN. */
 static inline float ts_expf_fast(float x) {
     const float lo = -87.3365f, hi = 88.3762f;
-    float xc = x < lo ? lo : (x > hi ? hi : x);
+    float xc = x >= lo ? (x > hi ? hi : x) : lo; /* NaN too goes to lo: (int32_t)NaN below is undefined */
     /* round to nearest by the 1.5 * 2^23 trick (floorf would not vectorise) */
     float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = xc - n * 0.693359375f;  /* ln2 split: high part exact in float */
