@@ -85,6 +85,7 @@ void ts_metrics_banner(const ts_trainer *t) {
     }
     /* a shared forward would wait for the other ranks' parameters */
     if (!t->strategy->shared_forward) ts_model_summary((ts_model *)m, stdout, dt, nd, shape);
+    if (!t->val_set) printf("no validation part (data.val_fraction 0): no validation evaluations\n");
     if (t->step) printf("resumed at step %lld\n", (long long)t->step);
     else if (t->no_checkpoint) printf("--resume: no checkpoint in %s/checkpoints: training from the start\n", t->run_dir);
     fflush(stdout);

@@ -38,9 +38,9 @@ static ts_status load_images(ts_trainer *t) {
     t->data[4] = tx;
     t->data[5] = ty;
     t->train_set = ts_dataset_tensors("fashion-mnist train", t->data[0], t->data[1]);
-    t->val_set = ts_dataset_tensors("fashion-mnist validation", t->data[2], t->data[3]);
+    if (t->data[2]->shape[0] > 0) t->val_set = ts_dataset_tensors("fashion-mnist validation", t->data[2], t->data[3]);
     t->test_set = ts_dataset_tensors("fashion-mnist test", t->data[4], t->data[5]);
-    return t->train_set && t->val_set && t->test_set ? TS_OK : ts_last_status();
+    return t->train_set && (t->val_set || !t->data[2]->shape[0]) && t->test_set ? TS_OK : ts_last_status();
 }
 
 static ts_status load_text(ts_trainer *t) {
@@ -49,8 +49,8 @@ static ts_status load_text(ts_trainer *t) {
     t->corpus = c;
     int64_t T = t->job.model.block_size;
     t->train_set = ts_text_dataset(c, false, T, T);
-    t->val_set = ts_text_dataset(c, true, T, T);
-    return t->train_set && t->val_set ? TS_OK : ts_last_status();
+    if (t->job.data.val_fraction > 0) t->val_set = ts_text_dataset(c, true, T, T);
+    return t->train_set && (t->val_set || t->job.data.val_fraction == 0) ? TS_OK : ts_last_status();
 }
 
 /* Prefixes the last data error with the job fields that shape the data. */
@@ -537,6 +537,7 @@ static ts_status eval_batch(ts_trainer *t, const ts_batch *b, double *loss_sum, 
 
 ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval_stats *e) {
     const ts_dataset *ds = test && t->test_set ? t->test_set : t->val_set;
+    if (!ds) return ts_error(TS_ERR_VALUE, "evaluation: the job holds no validation data (data.val_fraction 0)");
     ts_loader_config lc = {.batch_size = t->job.train.batch_size, .world = 1};
     ts_loader *l = ts_loader_create(ds, &lc);
     if (!l) return ts_last_status();
@@ -606,6 +607,7 @@ ts_status ts_trainer_save(ts_trainer *t, char *path, size_t cap) { return t->str
  * it is moot, and the loop trains on. */
 static ts_status run_eval(ts_trainer *t, bool test) {
     int64_t at = t->step;
+    if (!test && !t->val_set) return TS_OK; /* data.val_fraction 0: nothing to validate on */
     for (;;) {
         ts_eval_stats e;
         ts_status st = ts_trainer_eval(t, test, test ? 0 : t->job.train.eval_batches, &e);

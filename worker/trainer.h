@@ -60,7 +60,7 @@ struct ts_trainer {
     ts_model_spec spec;
     ts_model *model;
     bool part;             /* the model holds some of the units only (a pipeline stage) */
-    ts_dataset *train_set, *val_set, *test_set;
+    ts_dataset *train_set, *val_set, *test_set; /* val_set NULL with data.val_fraction 0 */
     void *corpus;          /* text corpus the text data sets read */
     ts_tensor *data[6];    /* tensors the image data sets keep */
     ts_loader *loader;

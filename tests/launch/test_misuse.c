@@ -154,6 +154,25 @@ static void test_resume_keeps_each_step_once(void **state) {
     expect_text(log, ck);
 }
 
+/* data.val_fraction 0 trains on every sample: no validation evaluations,
+ * said once; a text job (which has no test set) runs too, and an MLP still
+ * takes its test evaluation. */
+static void test_no_validation_part(void **state) {
+    (void)state;
+    char log[16384], dir[300];
+    snprintf(dir, sizeof dir, "%s/no-val-gpt", base);
+    assert_int_equal(run("no-val-gpt", log, sizeof log, "examples/gpt_fortunes.json --set data.val_fraction=0 "
+                         "--set steps=4 --set schedule.warmup_steps=1 --set train.eval_every=2 --set model.n_layer=1 "
+                         "--run-dir %s", dir), 0);
+    expect_text(log, "no validation part (data.val_fraction 0): no validation evaluations");
+    if (strstr(log, "eval val")) fail_msg("a validation evaluation ran without validation data:\n%s", log);
+    snprintf(dir, sizeof dir, "%s/no-val-mlp", base);
+    assert_int_equal(run("no-val-mlp", log, sizeof log, MLP_JOB " --set data.val_fraction=0 --set steps=4 "
+                         "--set train.eval_every=2 --run-dir %s", dir), 0);
+    expect_text(log, "eval test at step 4");
+    if (strstr(log, "eval val")) fail_msg("a validation evaluation ran without validation data:\n%s", log);
+}
+
 /* A CNN of 3.8e9 parameters is refused before it is built, with the
  * estimate and the memory available, by tessera-run and tessera-worker;
  * --force tries anyway (under a 4 GB address-space limit here, so the
@@ -348,6 +367,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpoint_file_not_regular),
         cmocka_unit_test(test_resume_keeps_each_step_once),
+        cmocka_unit_test(test_no_validation_part),
         cmocka_unit_test(test_model_too_big),
         cmocka_unit_test(test_messages_name_the_thing),
         cmocka_unit_test(test_device_messages),
