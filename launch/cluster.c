@@ -427,7 +427,9 @@ static void on_done(ts_child *c) {
     slot *sl = c->user;
     char what[256], reason[TS_LINE_MAX + 512];
     ts_super_describe_exit(c, what, sizeof what);
-    if (c->last_err[0])
+    /* its last stderr line says why it exited, or crashed; not why it was killed from outside */
+    bool killed = c->term_signal == SIGKILL || c->term_signal == SIGTERM || c->term_signal == SIGINT;
+    if (c->last_err[0] && !killed)
         snprintf(reason, sizeof reason, ": %s", c->last_err);
     else
         reason[0] = '\0';

@@ -353,6 +353,23 @@ static void test_scheduler_stall_8_nodes(void **state) {
     stall_scheduler("stall8", 2, 6, 10000);
 }
 
+/* The scheduler tessera-run started is killed -9: the job fails naming
+ * that, without the scheduler's last log line as if it were the reason. */
+static void test_scheduler_killed_run(void **state) {
+    (void)state;
+    const char *job = job_file("sched-kill", 100000, 2, 1, 20, "");
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path("run-sched-kill"), NULL};
+    th_proc run = th_start("sched-kill", argv);
+    th_expect_output(&run, "] step 5 ", 15000);
+    pid_t sched = scheduler_pid(&run);
+    assert_true(sched > 0);
+    kill(sched, SIGKILL);
+    if (th_wait(&run, 30000) <= 0) th_dump(&run, "tessera-run did not fail when its scheduler was killed");
+    if (th_count(&run, "[run] job sched-kill failed: scheduler exited with signal 9 (run folder") != 1)
+        th_dump(&run, "the failure is not the scheduler's death alone");
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* The scheduler dies (kill -9) and no tessera-run supervises: the ps and the
  * worker started by hand each notice the silent scheduler within the
  * heartbeat timeout and exit non-zero naming it. */
@@ -498,6 +515,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_key_required),  cmocka_unit_test(test_launcher_killed),
         cmocka_unit_test(test_stopped_worker), cmocka_unit_test(test_scheduler_stall),
         cmocka_unit_test(test_scheduler_stall_8_nodes), cmocka_unit_test(test_scheduler_killed),
+        cmocka_unit_test(test_scheduler_killed_run),
         cmocka_unit_test(test_mpirun),        cmocka_unit_test(test_mpirun_layout),
         cmocka_unit_test(test_mpirun_killed_rank),
     };
