@@ -3,16 +3,19 @@
  *
  * Each part saves an ordinary checkpoint (kernels/io/checkpoint.h) of what
  * it holds under <run>/checkpoints/stages/stage-<s>/step-<k>: its parameters
- * by name in model.safetensors, and its optimizer state per parameter in
+ * by name in model.safetensors, its optimizer state per parameter in
  * optim.safetensors (one [slots, numel] tensor under the parameter's name),
- * so that the state follows its parameter into another cut. Once every part
+ * so that the state follows its parameter into another cut, and its stage
+ * in state.json's extra, {"stage": s}. Once every part
  * is saved, the leader writes the index <run>/checkpoints/step-<k>: an
  * ordinary checkpoint without tensors (step, loader position, job) whose
  * extra state lists the parts, {"parts": ["stages/stage-0/step-k", ...]}
  * (paths relative to <run>/checkpoints). ts_checkpoint_latest sees a step
  * only once its index is written, so only when every part is there; parts
  * keep one checkpoint more than the index, so that the parts of the newest
- * index outlive the save of the next step.
+ * index outlive the save of the next step. The folders of stages that a
+ * run resumed with fewer stages no longer has are pruned as the index is:
+ * a part there goes once no index kept lists it.
  *
  * Loading (ts_parts_read_model) fills every parameter of a model - the whole
  * model of a local run, or any stage of any cut - by name from the part
@@ -39,6 +42,11 @@ ts_status ts_parts_save_index(ts_trainer *t, int parts, char *path, size_t cap);
 
 /* Whether checkpoint ck is an index of parts. */
 bool ts_parts_is_index(const ts_checkpoint *ck);
+
+/* An error when ck is one stage's part of a pipeline checkpoint (that
+ * stage's parameters only), naming the index to give instead; TS_OK for
+ * any other checkpoint. */
+ts_status ts_parts_refuse_part(const ts_checkpoint *ck);
 
 /* Loads m's parameters and, when m holds optimizer state, that state from
  * the parts the index ck lists. */

@@ -142,9 +142,11 @@ bool ts_strategy_no_optim_state(const ts_checkpoint *ck) {
 
 ts_status ts_strategy_read_model(const ts_checkpoint *ck, ts_model *m) {
     if (ts_parts_is_index(ck)) return ts_parts_read_model(ck, m); /* a pipeline's stages */
+    ts_status st = ts_parts_refuse_part(ck);
+    if (st) return st;
     ts_fsdp_layout l;
     bool sharded;
-    ts_status st = ts_fsdp_layout_read(ck, &l, &sharded);
+    st = ts_fsdp_layout_read(ck, &l, &sharded);
     if (st) return st;
     if (sharded) {
         ts_fsdp_layout_free(&l);

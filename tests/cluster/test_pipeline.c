@@ -285,6 +285,94 @@ static void test_checkpoint_cuts(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Runs argv (a tool given a checkpoint; tag names its output) and fails
+ * unless it exits non-zero saying each of the NULL-terminated says. */
+static void expect_refused(const char *tag, const char *const *argv, const char *const *says) {
+    th_proc p = th_start(tag, argv);
+    if (th_wait(&p, 60000) <= 0) th_dump(&p, "the command did not fail");
+    for (int i = 0; says[i]; i++)
+        if (th_count(&p, says[i]) < 1) th_dump(&p, says[i]);
+}
+
+/* Runs the MLP job `name` as `stages` stages in its run folder to step
+ * `steps` (a checkpoint every 10, 2 kept), resuming from its checkpoints
+ * when resume. */
+static void run_stages(const char *name, int stages, int steps, bool resume) {
+    char par[512];
+    double loss[41];
+    pipeline_section(par, sizeof par, stages, 1, 4, "1f1b", "");
+    const char *job = th_job_file(name, "mlp", steps, 32, 1, par);
+    const char *dir = th_path(name);
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, "--set", "train.keep_checkpoints=2",
+                          resume ? "--resume" : NULL, NULL};
+    th_run_losses(name, argv, dir, loss, steps);
+}
+
+/* Fails unless the folder <dir>/<rel> exists (there) or not. */
+static void expect_folder(const char *dir, const char *rel, bool there) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", dir, rel);
+    if ((access(path, F_OK) == 0) != there) fail_msg("%s %s", path, there ? "is missing" : "was not removed");
+}
+
+/* One stage's part of a 4-stage checkpoint given to every tool that takes
+ * a checkpoint is refused naming the index to give instead (before, it
+ * failed on a parameter of another stage: "no tensor named ..."); an index
+ * copied without its stage parts names the part missing and where it
+ * belongs. Resumed as 2 stages keeping 2 checkpoints, the folders of
+ * stages 2 and 3 keep the parts of the 4-stage index still kept (step 20,
+ * which loads) and lose the others, and go with that index (before, they
+ * stayed for good). */
+static void test_checkpoint_folders(void **state) {
+    (void)state;
+    const char *dir = th_path("pipe-folders");
+    run_stages("pipe-folders", 4, 20, false);
+    char part[4400], index[4400], onnx[4300], out[4300], model[4500];
+    snprintf(part, sizeof part, "%s/checkpoints/stages/stage-1/step-20", dir);
+    snprintf(index, sizeof index, "give its index %s/checkpoints/step-20 instead", dir);
+    snprintf(onnx, sizeof onnx, "%s.onnx", th_path("pipe-part"));
+    snprintf(out, sizeof out, "%s", th_path("pipe-part-whole"));
+    snprintf(model, sizeof model, "mlp=%s", part);
+    const char *says[] = {"is stage 1's part of a pipeline checkpoint", index, NULL};
+    const char *eval[] = {"tessera-run", "--eval", part, NULL};
+    const char *cons[] = {"tessera-run", "--consolidate", part, "--out", out, NULL};
+    const char *gen[] = {"tessera-run", "--generate", part, "--prompt", "a", NULL};
+    const char *exp[] = {"tessera-run", "--export-onnx", part, "-o", onnx, NULL};
+    const char *serve[] = {"tessera-serve", "--model", model, "--token-file", th_write("token", "part-token-1234\n"),
+                           "--port", "0", NULL};
+    expect_refused("pipe-part-eval", eval, says);
+    expect_refused("pipe-part-consolidate", cons, says);
+    expect_refused("pipe-part-generate", gen, says);
+    expect_refused("pipe-part-export", exp, says);
+    expect_refused("pipe-part-serve", serve, says);
+
+    char lone[4300], cmd[9000];
+    snprintf(lone, sizeof lone, "%s", th_path("pipe-lone-index"));
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp -r '%s/checkpoints/step-20' '%s/'", lone, dir, lone);
+    assert_int_equal(system(cmd), 0);
+    snprintf(part, sizeof part, "%s/step-20", lone);
+    const char *lone_eval[] = {"tessera-run", "--eval", part, NULL};
+    const char *lone_says[] = {"its part stages/stage-0/step-20 is missing",
+                               "copy the run's checkpoints/stages/ folder beside the index", NULL};
+    expect_refused("pipe-lone-eval", lone_eval, lone_says);
+
+    run_stages("pipe-folders", 2, 30, true);
+    expect_folder(dir, "checkpoints/stages/stage-2/step-10", false);
+    expect_folder(dir, "checkpoints/stages/stage-3/step-10", false);
+    expect_folder(dir, "checkpoints/stages/stage-2/step-20", true);
+    expect_folder(dir, "checkpoints/stages/stage-3/step-20", true);
+    snprintf(part, sizeof part, "%s/checkpoints/step-20", dir);
+    const char *kept[] = {"tessera-run", "--eval", part, NULL};
+    free(th_run_tool("pipe-kept-eval", kept));
+
+    run_stages("pipe-folders", 2, 40, true);
+    expect_folder(dir, "checkpoints/step-20", false);
+    expect_folder(dir, "checkpoints/stages/stage-2", false);
+    expect_folder(dir, "checkpoints/stages/stage-3", false);
+    expect_folder(dir, "checkpoints/stages/stage-1/step-40", true);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* A job of train.epochs: one epoch of 1 % of Fashion-MNIST's training
  * images (600, 18 batches of 32) whose "steps" (10) says less. The job
  * runs the epoch's 18 steps (the scheduler is told them, not "steps"),
@@ -501,7 +589,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_kill_stage), cmocka_unit_test(test_kill_stage_interleaved), cmocka_unit_test(test_epochs),
         cmocka_unit_test(test_timeline_resume),
         cmocka_unit_test(test_interrupt), cmocka_unit_test(test_interrupt_restart),
-        cmocka_unit_test(test_kill_after_last_step),
+        cmocka_unit_test(test_kill_after_last_step), cmocka_unit_test(test_checkpoint_folders),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
