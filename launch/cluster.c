@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "kernels/io/atomic.h"
+#include "kernels/io/checkpoint.h"
 #include "launch/netsim.h"
 #include "launch/supervise.h"
 #include "launch/train.h"
@@ -547,6 +548,20 @@ static void draw_chart(const char *run_dir) {
         fprintf(stderr, "[run] chart: %s\n", png);
 }
 
+/* What an interrupted job leaves to go on from, into out (cap bytes): its
+ * run folder's newest checkpoint and the command to resume it, or that
+ * the folder holds none. */
+static void resume_hint(const cluster *cl, char *out, size_t cap) {
+    char root[PATH_MAX + 32], path[PATH_MAX + 64];
+    int64_t step = -1;
+    snprintf(root, sizeof root, "%s/checkpoints", cl->run_dir);
+    if (ts_checkpoint_latest(root, path, sizeof path, &step) == TS_OK && step >= 0)
+        snprintf(out, cap, "the newest checkpoint, of step %lld, is %s: go on from it with --resume --run-dir %s",
+                 (long long)step, path, cl->run_dir);
+    else
+        snprintf(out, cap, "the run folder %s holds no checkpoint", cl->run_dir);
+}
+
 /* Creates the run folder into cl->run_dir. */
 static ts_status make_run_dir(cluster *cl) {
     if (cl->o->run_dir) {
@@ -732,9 +747,12 @@ int ts_cluster_run(const ts_cluster_opts *o) {
     uv_loop_close(&cl->loop);
     if (cl->super.log) fclose(cl->super.log);
 
+    char hint[2 * PATH_MAX + 160];
+    resume_hint(cl, hint, sizeof hint);
     if (cl->phase == PHASE_FAILED) {
-        fprintf(stderr, "[run] job %s failed: %s (run folder %s)\n", o->job.name,
-                cl->reason, cl->run_dir);
+        bool signalled = cl->exit_code > 128; /* stopped by SIGINT / SIGTERM */
+        fprintf(stderr, "[run] job %s failed: %s (run folder %s)%s%s\n", o->job.name, cl->reason, cl->run_dir,
+                signalled ? "; " : "", signalled ? hint : "");
         code = cl->exit_code;
     } else if (cl->unfinished[0] && !cl->interrupted) {
         fprintf(stderr, "[run] job %s failed: %s; its final checkpoint or evaluation may be missing (run folder %s; "
@@ -751,9 +769,9 @@ int ts_cluster_run(const ts_cluster_opts *o) {
                 o->job.name, signal_name(cl->interrupted), cl->run_dir, cl->run_dir);
         code = 128 + cl->interrupted;
     } else if (cl->interrupted) {
-        fprintf(stderr, "[run] job %s interrupted by %s: no worker was in the job to stop, "
-                        "nothing was saved (run folder %s)\n",
-                o->job.name, signal_name(cl->interrupted), cl->run_dir);
+        fprintf(stderr, "[run] job %s interrupted by %s: its workers saved nothing now (none was in the job yet, "
+                        "or one had failed); %s\n",
+                o->job.name, signal_name(cl->interrupted), hint);
         code = 128 + cl->interrupted;
     } else {
         draw_chart(cl->run_dir);

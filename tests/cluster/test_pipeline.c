@@ -544,6 +544,35 @@ static void test_interrupt_restart(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Ctrl-C of tessera-run right after stage 1 of 3 was killed -9 (before
+ * tessera-run restarted the pipeline): no stage can take a step to stop
+ * at, and tessera-run exits 128 + SIGINT naming the run folder's newest
+ * checkpoint and how to go on from it (before: "nothing was saved", with
+ * no word of the checkpoints of steps 10 and 20). */
+static void test_interrupt_after_kill(void **state) {
+    (void)state;
+    char par[512];
+    pipeline_section(par, sizeof par, 3, 1, 4, "1f1b", ", \"max_restarts\": 1");
+    const char *job = th_job_file("pipe-interrupt-kill", "mlp", 4000, 32, 1, par);
+    const char *dir = th_path("pipe-interrupt-kill");
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
+    th_proc run = th_start("pipe-interrupt-kill", argv);
+    if (th_wait_for(&run, "step 25/4000", 90000) != 0) th_dump(&run, "no step 25");
+    pid_t victim = worker_pid(&run, 1);
+    assert_true(victim > 0);
+    kill(victim, SIGKILL);
+    kill(run.pid, SIGINT);
+    if (th_wait(&run, 60000) != 128 + SIGINT) th_dump(&run, "tessera-run did not exit 128 + SIGINT");
+    char *text = th_output(&run), hint[4400];
+    const char *at = strstr(text, "the newest checkpoint, of step ");
+    int step = at ? atoi(at + strlen("the newest checkpoint, of step ")) : -1;
+    free(text);
+    if (step < 20) th_dump(&run, "tessera-run did not name the newest checkpoint");
+    snprintf(hint, sizeof hint, "%s/checkpoints/step-%d: go on from it with --resume --run-dir %s", dir, step, dir);
+    if (th_count(&run, hint) != 1) th_dump(&run, "tessera-run did not say how to go on from the checkpoint");
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* kill -9 of stage 1 after the job's last step, in its final checkpoint
  * or evaluation (of the whole validation set, which takes a while):
  * tessera-run does not say the job completed but that it failed, naming
@@ -590,6 +619,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_timeline_resume),
         cmocka_unit_test(test_interrupt), cmocka_unit_test(test_interrupt_restart),
         cmocka_unit_test(test_kill_after_last_step), cmocka_unit_test(test_checkpoint_folders),
+        cmocka_unit_test(test_interrupt_after_kill),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
