@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -19,16 +20,42 @@
 #define MAX_HEADER (100u << 20) /* the format's own limit on the JSON header */
 #define ALL_DTYPES (TS_FLOATS | TS_MASK(TS_BF16) | TS_INTS | TS_MASK(TS_U8))
 
-static const char *const dtype_strs[TS_NDTYPES] = {
-    [TS_F32] = "F32", [TS_F64] = "F64", [TS_BF16] = "BF16", [TS_I32] = "I32", [TS_I64] = "I64", [TS_U8] = "U8",
+static const char *const dtype_strs[TS_SAFETENSORS_NDTYPES] = {
+    [TS_F32] = "F32", [TS_F64] = "F64", [TS_BF16] = "BF16", [TS_I32] = "I32",
+    [TS_I64] = "I64", [TS_U8] = "U8",   [TS_SAFETENSORS_F16] = "F16",
 };
 
-const char *ts_safetensors_dtype_str(ts_dtype dt) { return (unsigned)dt < TS_NDTYPES ? dtype_strs[dt] : NULL; }
+const char *ts_safetensors_dtype_str(int dt) { return (unsigned)dt < TS_SAFETENSORS_NDTYPES ? dtype_strs[dt] : NULL; }
 
 static int dtype_from_str(const char *s) {
-    for (int i = 0; i < TS_NDTYPES; i++)
+    for (int i = 0; i < TS_SAFETENSORS_NDTYPES; i++)
         if (strcmp(s, dtype_strs[i]) == 0) return i;
     return -1;
+}
+
+/* Bytes per element of an entry's dtype. */
+static size_t entry_dtype_size(int dt) { return dt == TS_SAFETENSORS_F16 ? 2 : ts_dtype_size((ts_dtype)dt); }
+
+/* IEEE half to float, exactly: a normal half is rebiased (15 to 127), a
+ * subnormal one (m * 2^-24) becomes a normal float, infinities stay and a
+ * NaN keeps its sign and payload. */
+static float f32_from_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0) { /* zero or subnormal */
+        float f = (float)man * 0x1p-24f;
+        return sign ? -f : f;
+    }
+    uint32_t u = sign | (exp == 0x1f ? 0xffu : exp + 112) << 23 | man << 13;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Element i of the F16 data at p. */
+static float f16_at(const uint8_t *p, int64_t i) {
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    return f32_from_f16(h);
 }
 
 /* ---- writing ---- */
@@ -195,7 +222,7 @@ static ts_status parse_entry(ts_safetensors *st, const char *name, json_t *obj, 
     if (!json_is_array(shape) || json_array_size(shape) > TS_MAX_DIMS)
         return ts_error(TS_ERR_FORMAT, "safetensors %s: tensor '%s' has no shape array of at most %d dims", p, name,
                         TS_MAX_DIMS);
-    e->dtype = (ts_dtype)d;
+    e->dtype = d;
     e->ndim = (int)json_array_size(shape);
     uint64_t numel = 1;
     for (int i = 0; i < e->ndim; i++) {
@@ -215,7 +242,7 @@ static ts_status parse_entry(ts_safetensors *st, const char *name, json_t *obj, 
                         p, name);
     e->begin = (uint64_t)json_integer_value(b);
     e->end = (uint64_t)json_integer_value(en);
-    uint64_t want = numel * ts_dtype_size(e->dtype);
+    uint64_t want = numel * entry_dtype_size(e->dtype);
     if (e->end - e->begin != want)
         return ts_error(TS_ERR_FORMAT,
                         "safetensors %s: tensor '%s' (%s %s) needs %llu bytes but data_offsets [%llu, %llu) hold %llu",
@@ -359,7 +386,45 @@ ts_tensor *ts_safetensors_get(const ts_safetensors *st, const char *name) {
         return NULL;
     }
     const ts_safetensors_entry *e = &st->entries[i];
+    if (e->dtype == TS_SAFETENSORS_F16) return ts_safetensors_tensor(st, i);
     return ts_tensor_from_data(e->dtype, e->ndim, e->shape, st->data + e->begin);
+}
+
+/* Elements of entry e. */
+static int64_t entry_numel(const ts_safetensors_entry *e) {
+    int64_t n = 1;
+    for (int d = 0; d < e->ndim; d++) n *= e->shape[d];
+    return n;
+}
+
+ts_tensor *ts_safetensors_tensor(const ts_safetensors *st, int k) {
+    const ts_safetensors_entry *e = &st->entries[k];
+    const uint8_t *p = st->data + e->begin;
+    if (e->dtype == TS_SAFETENSORS_F16) {
+        ts_tensor *t = ts_tensor_empty(TS_F32, e->ndim, e->shape);
+        if (!t) return NULL;
+        float *out = ts_f32(t);
+        for (int64_t i = 0, n = entry_numel(e); i < n; i++) out[i] = f16_at(p, i);
+        return t;
+    }
+    ts_storage *s = ts_storage_wrap((void *)p, e->end - e->begin, NULL, NULL);
+    if (!s) return NULL;
+    ts_tensor *t = ts_tensor_from_storage(s, e->dtype, 0, e->ndim, e->shape, NULL);
+    ts_storage_release(s);
+    return t;
+}
+
+int64_t ts_safetensors_nonfinite(const ts_safetensors *st, int k, double *value) {
+    const ts_safetensors_entry *e = &st->entries[k];
+    const uint8_t *p = st->data + e->begin;
+    for (int64_t i = 0, n = entry_numel(e); i < n; i++) {
+        double v = e->dtype == TS_SAFETENSORS_F16 ? f16_at(p, i) : ts_elem_get(p, e->dtype, i);
+        if (!isfinite((float)v)) {
+            *value = v;
+            return i;
+        }
+    }
+    return -1;
 }
 
 ts_status ts_safetensors_load_into(const ts_safetensors *st, int n, const char *const *names,
@@ -374,7 +439,7 @@ ts_status ts_safetensors_load_into(const ts_safetensors *st, int n, const char *
         if (e->ndim != t->ndim || memcmp(e->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim) != 0)
             return ts_error(TS_ERR_SHAPE, "safetensors %s: tensor '%s' has shape %s in the file but %s in the model",
                             st->path, names[i], ts_dims_str(e->ndim, e->shape), ts_shape_str(t));
-        if (e->dtype != t->dtype)
+        if (e->dtype != (int)t->dtype)
             return ts_error(TS_ERR_DTYPE, "safetensors %s: tensor '%s' has dtype %s in the file but %s in the model",
                             st->path, names[i], dtype_strs[e->dtype], dtype_strs[t->dtype]);
     }
@@ -390,11 +455,7 @@ ts_status ts_safetensors_load_into(const ts_safetensors *st, int n, const char *
                         n, st->n);
     }
     for (int i = 0; i < n; i++) {
-        const ts_safetensors_entry *e = &st->entries[ts_safetensors_find(st, names[i])];
-        ts_storage *s = ts_storage_wrap((void *)(st->data + e->begin), e->end - e->begin, NULL, NULL);
-        if (!s) return ts_last_status();
-        ts_tensor *src = ts_tensor_from_storage(s, e->dtype, 0, e->ndim, e->shape, NULL);
-        ts_storage_release(s);
+        ts_tensor *src = ts_safetensors_tensor(st, ts_safetensors_find(st, names[i]));
         if (!src) return ts_last_status();
         ts_status st2 = ts_tensor_copy_(tensors[i], src);
         ts_tensor_release(src);

@@ -4,7 +4,10 @@
  * {"name": {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}, ...,
  *  "__metadata__": {"key": "value"}} padded with spaces to a multiple of 8,
  * then the raw little-endian row-major data; offsets are relative to the
- * start of the data. Supported dtypes: F32, F64, BF16, I32, I64, U8.
+ * start of the data. Supported dtypes: F32, F64, BF16, I32, I64, U8, and,
+ * for reading only, F16 (IEEE half, as files from elsewhere hold it): no
+ * tensor has that dtype, so an F16 entry reads as f32 (exactly: subnormals,
+ * infinities and NaN included).
  *
  * Writing is atomic (temp file, fsync, rename, fsync of the folder).
  * Opening validates everything before anything is used: header length vs
@@ -20,9 +23,12 @@
 
 #include "kernels/tensor.h"
 
+/* The dtype of a file's entry: a ts_dtype, or F16, which only files have. */
+enum { TS_SAFETENSORS_F16 = TS_NDTYPES, TS_SAFETENSORS_NDTYPES };
+
 typedef struct {
     char *name;
-    ts_dtype dtype;
+    int dtype; /* a ts_dtype or TS_SAFETENSORS_F16 */
     int ndim;
     int64_t shape[TS_MAX_DIMS];
     uint64_t begin, end; /* byte offsets into the data section */
@@ -54,17 +60,27 @@ void ts_safetensors_close(ts_safetensors *st);
 int ts_safetensors_find(const ts_safetensors *st, const char *name);
 /* Value of metadata key, or NULL. */
 const char *ts_safetensors_meta(const ts_safetensors *st, const char *key);
-/* A new contiguous tensor holding a copy of the named entry's data. */
+/* A new contiguous tensor holding a copy of the named entry's data (F16:
+ * converted to f32). */
 ts_tensor *ts_safetensors_get(const ts_safetensors *st, const char *name);
+/* Entry k as a host tensor: for a tensor dtype, a view of the mapped data
+ * (read-only, valid until ts_safetensors_close()); for F16, a new f32
+ * tensor of its values. */
+ts_tensor *ts_safetensors_tensor(const ts_safetensors *st, int k);
+/* Row-major index of the first element of entry k that is not a finite f32
+ * (infinite, NaN, or an F64 past f32's range), its value in *value; -1 when
+ * there is none. */
+int64_t ts_safetensors_nonfinite(const ts_safetensors *st, int k, double *value);
 
 /* Copies the named entries into existing tensors (any strides): each name
- * must exist with the same shape and dtype, else an error names the tensor
- * and both shapes/dtypes. With strict, the file must hold no other entries.
- * Nothing is written unless every check passes. */
+ * must exist with the same shape and dtype (so never F16), else an error
+ * names the tensor and both shapes/dtypes. With strict, the file must hold
+ * no other entries. Nothing is written unless every check passes. */
 ts_status ts_safetensors_load_into(const ts_safetensors *st, int n, const char *const *names,
                                    ts_tensor *const *tensors, bool strict);
 
-/* Safetensors dtype string for dt ("F32"...), or NULL if unsupported. */
-const char *ts_safetensors_dtype_str(ts_dtype dt);
+/* Safetensors dtype string for dt, a ts_dtype or TS_SAFETENSORS_F16
+ * ("F32"...), or NULL if unsupported. */
+const char *ts_safetensors_dtype_str(int dt);
 
 #endif

@@ -206,6 +206,21 @@ static ts_status not_a_parameter(const ts_safetensors *st, const char *file_name
                     file_name, mapped ? " (mapped to '" : "", mapped ? name : "", mapped ? "')" : "");
 }
 
+/* The error for file tensor e of st, parameter `name` of the model, whose
+ * element at row-major index i has the value v, not a finite f32. */
+static ts_status not_finite(const ts_safetensors *st, const ts_safetensors_entry *e, const char *name, int64_t i,
+                            double v) {
+    int64_t at[TS_MAX_DIMS];
+    for (int d = e->ndim - 1; d >= 0; d--) {
+        at[d] = i % e->shape[d];
+        i /= e->shape[d];
+    }
+    return ts_error(TS_ERR_VALUE,
+                    "init_from %s: tensor '%s' (%s %s, for the model's '%s') holds %g at %s, not a finite f32: a "
+                    "parameter must be finite", st->path, e->name, ts_safetensors_dtype_str(e->dtype),
+                    ts_dims_str(e->ndim, e->shape), name, v, ts_dims_str(e->ndim, at));
+}
+
 /* Finds the source of every parameter of m in st through map; checks names,
  * shapes and dtypes. */
 static ts_status match_entries(const ts_model *m, const ts_safetensors *st, const ts_name_map *map, bool strict,
@@ -243,9 +258,13 @@ static ts_status match_entries(const ts_model *m, const ts_safetensors *st, cons
             return ts_error(TS_ERR_SHAPE, "init_from %s: tensor '%s' has shape %s%s in the file but the model's '%s' is %s",
                             st->path, e->name, ts_dims_str(e->ndim, e->shape), tr ? " (transposed)" : "", name,
                             ts_dims_str(pa->ndim, pa->shape));
-        if (e->dtype != TS_F32 && e->dtype != TS_F64 && e->dtype != TS_BF16)
-            return ts_error(TS_ERR_DTYPE, "init_from %s: tensor '%s' has dtype %s, not a floating type (F32, F64, BF16)",
+        if (e->dtype != TS_F32 && e->dtype != TS_F64 && e->dtype != TS_BF16 && e->dtype != TS_SAFETENSORS_F16)
+            return ts_error(TS_ERR_DTYPE,
+                            "init_from %s: tensor '%s' has dtype %s, not a floating type (F32, F64, BF16, F16)",
                             st->path, e->name, ts_safetensors_dtype_str(e->dtype));
+        double v;
+        int64_t bad = ts_safetensors_nonfinite(st, k, &v);
+        if (bad >= 0) return not_finite(st, e, name, bad, v);
         src[p] = (source){k, tr};
     }
     for (int i = 0; i < m->n_params; i++)
@@ -255,21 +274,15 @@ static ts_status match_entries(const ts_model *m, const ts_safetensors *st, cons
     return TS_OK;
 }
 
-/* Copies entry e (transposed when asked) into parameter p. */
+/* Copies entry e (transposed when asked; F16 as f32) into parameter p. */
 static ts_status copy_entry(const ts_safetensors *st, const source *s, ts_param *p) {
-    const ts_safetensors_entry *e = &st->entries[s->entry];
-    ts_storage *stor = ts_storage_wrap((void *)(st->data + e->begin), e->end - e->begin, NULL, NULL);
-    if (!stor) return ts_last_status();
-    int64_t shape[2], strides[2];
-    if (s->transpose) { /* a [b, a] view of the [a, b] data */
-        shape[0] = e->shape[1];
-        shape[1] = e->shape[0];
-        strides[0] = 1;
-        strides[1] = e->shape[1];
+    ts_tensor *t = ts_safetensors_tensor(st, s->entry);
+    if (t && s->transpose) { /* a [b, a] view of the [a, b] data */
+        int64_t shape[2] = {t->shape[1], t->shape[0]}, strides[2] = {1, t->shape[1]};
+        ts_tensor *view = ts_tensor_from_storage(t->storage, t->dtype, 0, 2, shape, strides);
+        ts_tensor_release(t);
+        t = view;
     }
-    ts_tensor *t = ts_tensor_from_storage(stor, e->dtype, 0, e->ndim, s->transpose ? shape : e->shape,
-                                          s->transpose ? strides : NULL);
-    ts_storage_release(stor);
     if (!t) return ts_last_status();
     ts_status st2 = ts_tensor_copy_(p->value, t);
     ts_tensor_release(t);

@@ -15,10 +15,12 @@
  *
  * Loading checks everything before writing anything: every parameter of the
  * model has exactly one tensor, shapes agree (after the transpose), dtypes
- * are floating (F32, F64, BF16; converted to the model's f32), and with
+ * are floating (F32, F64, BF16, F16; converted to the model's f32, exactly
+ * but for F64), every value is finite (a weight that is inf or NaN, as an
+ * F16 file may hold for a value past its range, is refused), and with
  * strict every tensor of the file that is not ignored is used. Errors name
  * the file, the tensor (its name in the file and in the model) and both
- * shapes.
+ * shapes, or the element that is not finite.
  */
 #ifndef TS_IO_WEIGHTS_H
 #define TS_IO_WEIGHTS_H

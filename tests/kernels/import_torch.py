@@ -10,6 +10,11 @@ of tests/kernels/model_torch.py, and writes into DIR as safetensors:
                          "transformer.", Conv1D weights stored [in, out], the
                          attention mask buffers and a tied lm_head.weight)
   gpt_missing            gpt_torch without ln_f.bias
+  gpt_hf_f16             gpt_hf in half precision (F16), wte.weight's first
+                         values set to the smallest and (negated) largest
+                         subnormal and -0
+  gpt_hf_f16_f32         the same values as torch's float() of them (F32)
+  gpt_hf_f16_inf         gpt_hf_f16 with h.1.mlp.c_fc.weight's element 5 inf
   gpt_io, cnn_io         "input" (token ids I64 [2, 11] / images F32 [3, 1, 28, 28])
                          and torch's "logits" on it
 Exits 2 if torch cannot be imported.
@@ -30,7 +35,8 @@ except Exception as exc:  # noqa: BLE001 - any import failure fails the test
 
 GPT = {"vocab": 256, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32}
 CNN = {"in_ch": 1, "img": 28, "ch1": 4, "ch2": 8, "kernel": 5, "classes": 10}
-CODES = {np.dtype(np.float32): "F32", np.dtype(np.int64): "I64", np.dtype(np.uint8): "U8"}
+CODES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.int64): "I64",
+         np.dtype(np.uint8): "U8"}
 
 
 def write_safetensors(path, tensors):
@@ -84,6 +90,12 @@ def main():
     write_safetensors(f"{d}/gpt_torch.safetensors", gs)
     write_safetensors(f"{d}/gpt_hf.safetensors", hf_names(gs, GPT["n_layer"], GPT["block_size"]))
     write_safetensors(f"{d}/gpt_missing.safetensors", {k: v for k, v in gs.items() if k != "ln_f.bias"})
+    half = {k: v.half() for k, v in hf_names(gs, GPT["n_layer"], GPT["block_size"]).items()}
+    half["transformer.wte.weight"][0, :3] = torch.tensor([2.0**-24, -1023 * 2.0**-24, -0.0])
+    write_safetensors(f"{d}/gpt_hf_f16.safetensors", half)
+    write_safetensors(f"{d}/gpt_hf_f16_f32.safetensors", {k: v.float() for k, v in half.items()})
+    half["transformer.h.1.mlp.c_fc.weight"].view(-1)[5] = float("inf")
+    write_safetensors(f"{d}/gpt_hf_f16_inf.safetensors", half)
     write_safetensors(f"{d}/cnn_torch.safetensors", dict(cnn.state_dict()))
     ids = torch.randint(0, GPT["vocab"], (2, 11))
     img = torch.rand(3, 1, 28, 28)

@@ -1,7 +1,9 @@
 /* test_safetensors.c - safetensors round trips for every dtype, loading
- * into existing tensors, refusal of corrupt/truncated/overlapping files with
- * the right message, and atomic writes that never leave a partial file. */
+ * into existing tensors, F16 entries (written elsewhere) read as f32 bit for
+ * bit, refusal of corrupt/truncated/overlapping files with the right
+ * message, and atomic writes that never leave a partial file. */
 #include <dirent.h>
+#include <math.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -159,6 +161,64 @@ static void write_raw(const char *p, const char *header, const void *data, size_
     fclose(f);
 }
 
+/* The value the half with bits h stands for, by the format's definition:
+ * (-1)^s * m * 2^-24 when the exponent field e is 0, (-1)^s * (1024 + m) *
+ * 2^(e - 25) up to 30, and infinity (m = 0) or NaN at 31. */
+static double half_value(unsigned h) {
+    unsigned e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 31 ? (m ? NAN : INFINITY) : e == 0 ? ldexp(m, -24) : ldexp(1024 + m, (int)e - 25);
+    return h & 0x8000 ? -v : v;
+}
+
+/* A file holding every one of the 65536 F16 values and a [2,3] F16 entry
+ * reads as f32 bit for bit (subnormals, -0, infinities; a NaN stays a NaN of
+ * its sign); the first value that is not finite is found; loading F16 by
+ * name into an f32 tensor, as a checkpoint's entries load, is refused naming
+ * both dtypes. Before, opening the file failed on the dtype. */
+static void test_f16_read(void **state) {
+    (void)state;
+    enum { N = 65536 };
+    static uint16_t data[N + 6];
+    for (unsigned i = 0; i < N; i++) data[i] = (uint16_t)i;
+    const uint16_t m[6] = {0x0001, 0x83ff, 0x0400, 0x3c00, 0xc000, 0x7bff};
+    memcpy(data + N, m, sizeof m);
+    char p[512];
+    path_in(p, "f16.safetensors");
+    write_raw(p,
+              "{\"all\":{\"dtype\":\"F16\",\"shape\":[65536],\"data_offsets\":[0,131072]},"
+              "\"m\":{\"dtype\":\"F16\",\"shape\":[2,3],\"data_offsets\":[131072,131084]}}",
+              data, sizeof data, -1);
+    ts_safetensors *st = ts_safetensors_open(p);
+    if (!st) fail_msg("%s", ts_last_error());
+    assert_int_equal(st->entries[ts_safetensors_find(st, "all")].dtype, TS_SAFETENSORS_F16);
+    ts_tensor *all = ts_safetensors_get(st, "all"), *mt = ts_safetensors_get(st, "m");
+    assert_non_null(all);
+    assert_non_null(mt);
+    assert_int_equal(all->dtype, TS_F32);
+    for (unsigned i = 0; i < N; i++) {
+        float want = (float)half_value(i), got = ts_f32(all)[i];
+        if (isnan(want) ? !isnan(got) || signbit(got) != signbit(want) : memcmp(&got, &want, 4) != 0)
+            fail_msg("half 0x%04x read as %a, want %a", i, (double)got, (double)want);
+    }
+    assert_int_equal(mt->dtype, TS_F32);
+    assert_int_equal(mt->ndim, 2);
+    assert_int_equal(mt->shape[1], 3);
+    const float mv[6] = {0x1p-24f, -1023 * 0x1p-24f, 0x1p-14f, 1.0f, -2.0f, 65504.0f};
+    assert_memory_equal(ts_f32(mt), mv, sizeof mv);
+    double v = 0;
+    assert_int_equal(ts_safetensors_nonfinite(st, ts_safetensors_find(st, "m"), &v), -1);
+    assert_int_equal(ts_safetensors_nonfinite(st, ts_safetensors_find(st, "all"), &v), 0x7c00);
+    assert_true(v == INFINITY);
+    ts_tensor *dst = ts_tensor_zeros(TS_F32, SHAPE(2, 3));
+    const char *mn[] = {"m"};
+    assert_int_equal(ts_safetensors_load_into(st, 1, mn, &dst, false), TS_ERR_DTYPE);
+    assert_non_null(strstr(ts_last_error(), "'m' has dtype F16 in the file but F32 in the model"));
+    ts_tensor_release(dst);
+    ts_tensor_release(all);
+    ts_tensor_release(mt);
+    ts_safetensors_close(st);
+}
+
 static void expect_refused(const char *header, size_t ndata, int64_t hlen, const char *msg) {
     char p[512];
     path_in(p, "bad.safetensors");
@@ -189,8 +249,8 @@ static void test_corrupt_files_refused(void **state) {
                    12, -1, "tensor 'b' data [4, 12) overlaps tensor 'a'");
     expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, -1,
                    "tensor 'a' (F32 [3]) needs 12 bytes but data_offsets [0, 8) hold 8");
-    expect_refused("{\"a\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[0,8]}}", 8, -1,
-                   "unsupported dtype 'F16'");
+    expect_refused("{\"a\":{\"dtype\":\"I16\",\"shape\":[4],\"data_offsets\":[0,8]}}", 8, -1,
+                   "unsupported dtype 'I16'");
     expect_refused("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
                    "\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[4,8]}}",
                    8, -1, "duplicate");
@@ -264,6 +324,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_all_dtypes),
         cmocka_unit_test(test_load_into_checks),
+        cmocka_unit_test(test_f16_read),
         cmocka_unit_test(test_corrupt_files_refused),
         cmocka_unit_test(test_atomic_write),
     };

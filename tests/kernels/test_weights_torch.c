@@ -5,10 +5,13 @@
  * Hugging Face GPT-2's names with Conv1D weights stored transposed, plus an
  * input and torch's logits on it. Loaded with ts_weights_load (the GPT-2
  * names through examples/maps/gpt2_hf.json), Tessera's models give torch's
- * logits within 1e-5 (relative to the largest). A wrong shape, a missing
- * tensor, foreign names without the map and a malformed map are refused
- * with messages naming the tensor and both shapes; a file without tensors
- * (a checkpoint index's) with one that says so and how to get them. */
+ * logits within 1e-5 (relative to the largest). The GPT saved by torch in
+ * half precision (F16, subnormals included) loads through the map to the
+ * very bits torch's float() of it gives. A wrong shape, a missing tensor,
+ * foreign names without the map and a malformed map are refused with
+ * messages naming the tensor and both shapes; a weight that is inf with one
+ * naming it; a file without tensors (a checkpoint index's) with one that
+ * says so and how to get them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -93,13 +96,44 @@ static void test_gpt_pytorch_names(void **state) {
     check_logits(&s, "gpt_torch", NULL, "gpt");
 }
 
+/* The path of the shipped GPT-2 name map into out. */
+static void gpt2_map(char *out, size_t n) {
+    const char *src = getenv("TESSERA_SOURCE_DIR");
+    snprintf(out, n, "%s/examples/maps/gpt2_hf.json", src ? src : ".");
+}
+
 static void test_gpt_hf_names(void **state) {
     (void)state;
     ts_model_spec s = gpt_spec(32);
     char map[512];
-    const char *src = getenv("TESSERA_SOURCE_DIR");
-    snprintf(map, sizeof map, "%s/examples/maps/gpt2_hf.json", src ? src : ".");
+    gpt2_map(map, sizeof map);
     check_logits(&s, "gpt_hf", map, "gpt");
+}
+
+/* A GPT of spec with seed, loaded from file through the GPT-2 map. */
+static ts_model *gpt_from(const ts_model_spec *spec, uint64_t seed, const char *file) {
+    char path[256], map[512];
+    path_of(path, sizeof path, file);
+    gpt2_map(map, sizeof map);
+    ts_model *m = ts_model_build(spec, 0, -1, ts_key_from_seed(seed), TS_F32);
+    assert_non_null(m);
+    if (ts_weights_load(m, path, map, true)) fail_msg("%s", ts_last_error());
+    return m;
+}
+
+/* F16 weights (transposed ones among them) give every parameter the bits of
+ * torch's own f16 -> f32 conversion of them; before, F16 was refused. */
+static void test_gpt_f16(void **state) {
+    (void)state;
+    ts_model_spec s = gpt_spec(32);
+    ts_model *half = gpt_from(&s, 5, "gpt_hf_f16"), *ref = gpt_from(&s, 6, "gpt_hf_f16_f32");
+    assert_int_equal(ts_tensor_numel(half->flat_params), ts_tensor_numel(ref->flat_params));
+    assert_memory_equal(ts_f32(half->flat_params), ts_f32(ref->flat_params), ts_tensor_nbytes(ref->flat_params));
+    const float *wte = ts_f32(half->params[0].value);
+    assert_string_equal(half->params[0].name, "wte.weight");
+    assert_true(wte[0] == 0x1p-24f && wte[1] == -1023 * 0x1p-24f && wte[2] == 0 && signbit(wte[2]));
+    ts_model_free(half);
+    ts_model_free(ref);
 }
 
 static void test_cnn(void **state) {
@@ -130,6 +164,11 @@ static void test_refusals(void **state) {
     expect_refusal(&wide, "gpt_torch", NULL, (const char *[]){"'wte.weight'", "[256,32]", "[256,48]", NULL});
     expect_refusal(&gpt, "gpt_missing", NULL, (const char *[]){"'ln_f.bias'", "[32]", NULL});
     expect_refusal(&gpt, "gpt_hf", NULL, (const char *[]){"transformer.", "is not a parameter", NULL});
+    char gpt2[512];
+    gpt2_map(gpt2, sizeof gpt2);
+    expect_refusal(&gpt, "gpt_hf_f16_inf", gpt2,
+                   (const char *[]){"'transformer.h.1.mlp.c_fc.weight' (F16 [32,128], for the model's "
+                                    "'blocks.1.mlp.fc.weight') holds inf at [0,5]", "must be finite", NULL});
     /* a file without tensors, as a pipeline's or fsdp run's checkpoint index holds */
     char empty[256];
     path_of(empty, sizeof empty, "empty");
@@ -148,6 +187,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt_pytorch_names),
         cmocka_unit_test(test_gpt_hf_names),
+        cmocka_unit_test(test_gpt_f16),
         cmocka_unit_test(test_cnn),
         cmocka_unit_test(test_refusals),
     };

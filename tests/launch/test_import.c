@@ -2,7 +2,8 @@
  * tessera-run with nothing but a job: --eval of a CNN's safetensors, --generate
  * from a GPT under Hugging Face GPT-2 names with the shipped name map, a
  * training job starting from them (model.init_from) whose checkpoints
- * evaluate and resume once that file is gone, and the messages a
+ * evaluate and resume once that file is gone, a GPT saved in half precision
+ * (F16) that trains as its values saved as F32 do, and the messages a
  * mismatch gets (the tensor and both shapes). Weights come from
  * tests/kernels/import_torch.py (/usr/bin/python3 with torch). */
 #include <setjmp.h>
@@ -108,6 +109,38 @@ static void test_train_from_weights(void **state) {
     assert_non_null(strstr(out, "model.init_map"));
 }
 
+/* The loss values of out's lines, in order, into buf. */
+static void losses(char *buf, size_t n) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (const char *p = out; (p = strstr(p, "loss ")); p += 5) {
+        int len = (int)strcspn(p + 5, " ,\n");
+        k += (size_t)snprintf(buf + k, n - k, "%.*s ", len, p + 5);
+        assert_true(k < n);
+    }
+}
+
+/* A GPT that torch saved in half precision, under GPT-2's names, starts a
+ * training job (model.init_from, through the shipped map) that goes step
+ * by step as one from the same values saved as F32: the same losses. Before,
+ * the F16 file was refused ("unsupported dtype 'F16'"). */
+static void test_train_from_f16(void **state) {
+    (void)state;
+    char f16[1024], f32[1024];
+#define F16_JOB                                                                                                  \
+    GPT_JOB " --set model.init_map=examples/maps/gpt2_hf.json --set model.init_from=%s/%s.safetensors "         \
+            "--set steps=3 --set train.log_every=1 --set schedule.warmup_steps=0 --set train.eval_batches=1 "       \
+            "--run-dir %s/%s"
+    assert_int_equal(run(F16_JOB, dir, "gpt_hf_f16", dir, "f16"), 0);
+    losses(f16, sizeof f16);
+    assert_int_equal(run(F16_JOB, dir, "gpt_hf_f16_f32", dir, "f32"), 0);
+    losses(f32, sizeof f32);
+#undef F16_JOB
+    printf("losses from F16: %s\nlosses from F32: %s\n", f16, f32);
+    assert_non_null(strchr(f16, '.'));
+    assert_string_equal(f16, f32);
+}
+
 /* A pipeline's stages each load their part of the file; a tensor of it
  * that belongs to no stage (a file of 2 blocks, a job of 1) is refused as
  * a local run refuses it. Before, the stages ignored it. */
@@ -128,6 +161,7 @@ int main(void) {
         cmocka_unit_test(test_eval_weights),
         cmocka_unit_test(test_generate_hf_names),
         cmocka_unit_test(test_train_from_weights),
+        cmocka_unit_test(test_train_from_f16),
         cmocka_unit_test(test_pipeline_from_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
