@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "collective/mpi.h"
@@ -35,7 +36,12 @@
 #include "worker/node.h"
 #include "worker/trainer.h"
 
-enum { KEY_FILE_MAX = 4096 };
+enum {
+    KEY_FILE_MAX = 4096,
+    TAG_ENDED = 7301,      /* a rank's node ended well: its message to the scheduler's rank */
+    TAG_FINALIZE = 7302,   /* the scheduler's rank's answer: every rank ended well, finalise */
+    DEAD_GRACE_MS = 3000,  /* how long the ranks that may be the declared dead ones still get */
+};
 
 /* The role of this process: --role, else by rank (0 scheduler, 1..S ps). */
 static int local_role(const char *role, int rank, int servers, ts_proto_role *out) {
@@ -135,6 +141,56 @@ static bool scheduler_reachable(const ts_job *job, int rank, int root) {
     return false;
 }
 
+/* On the scheduler's rank, once the job completed: waits for every other
+ * rank's word that its node ended well (the ones that failed aborted the
+ * MPI job instead). The scheduler declared `dead` members dead: as many
+ * ranks may never end (stopped by SIGSTOP, or hung), and MPI_Finalize and
+ * mpirun would wait for them for ever. Once only that many are missing,
+ * they get DEAD_GRACE_MS more (a declared dead member may be a process
+ * mpirun did not start), then every rank is ended by MPI_Abort with
+ * status 0 - the job's own work, its final checkpoint among it, is done -
+ * naming the missing ranks. Returns when every rank ended well, having
+ * told them to finalise: a rank waits for that before MPI_Finalize, whose
+ * fence over a rank that never comes makes Open MPI's mpirun (4.1) hang or
+ * crash at the MPI_Abort. */
+static void end_declared_dead(int size, int root, const int *roles, int dead) {
+    MPI_Request *req = malloc((size_t)size * sizeof *req);
+    int *codes = malloc((size_t)size * sizeof *codes), missing = size - 1;
+    if (!req || !codes) MPI_Abort(MPI_COMM_WORLD, 1);
+    for (int i = 0; i < size; i++) {
+        req[i] = MPI_REQUEST_NULL;
+        if (i != root) MPI_Irecv(&codes[i], 1, MPI_INT, i, TAG_ENDED, MPI_COMM_WORLD, &req[i]);
+    }
+    struct timespec tick = {0, 10 * 1000 * 1000};
+    for (int waited_ms = 0; missing > 0 && (missing > dead || waited_ms < DEAD_GRACE_MS);) {
+        int idx, done;
+        MPI_Testany(size, req, &idx, &done, MPI_STATUS_IGNORE);
+        if (done && idx != MPI_UNDEFINED) {
+            missing--;
+        } else {
+            nanosleep(&tick, NULL);
+            waited_ms += missing <= dead ? 10 : 0;
+        }
+    }
+    free(codes);
+    if (missing == 0) {
+        for (int i = 0; i < size; i++)
+            if (i != root) MPI_Send(&missing, 1, MPI_INT, i, TAG_FINALIZE, MPI_COMM_WORLD);
+        free(req);
+        return;
+    }
+    char names[512] = "";
+    size_t len = 0;
+    for (int i = 0; i < size && len < sizeof names; i++)
+        if (req[i] != MPI_REQUEST_NULL)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%d (%s)", len ? ", " : "", i,
+                                    ts_proto_role_name((ts_proto_role)roles[i]));
+    fprintf(stderr, "tessera-run --mpi: the job completed, but MPI rank%s %s, which the scheduler declared dead, "
+                    "did not end (stopped or hung): ending every rank with MPI_Abort, status 0\n",
+            missing > 1 ? "s" : "", names);
+    MPI_Abort(MPI_COMM_WORLD, 0);
+}
+
 int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
                   char **argv) {
     if (o->job.parallel.strategy == TS_STRATEGY_LOCAL) {
@@ -164,7 +220,6 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
         nworkers += roles[i] == TS_ROLE_WORKER;
         nbad += roles[i] < 0;
     }
-    free(roles);
     char why[256];
     int np;
     if (nbad || !layout_fits(&job, nsched, nps, nworkers, why, sizeof why, &np)) {
@@ -174,6 +229,7 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
                     o->job_path, size, nsched, nps, nworkers, why, np,
                     job.parallel.strategy == TS_STRATEGY_PIPELINE ? "" : " or more",
                     ts_job_strategy_name(job.parallel.strategy), job.parallel.servers);
+        free(roles);
         MPI_Finalize();
         return 2;
     }
@@ -232,6 +288,7 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
     MPI_Bcast(&key_len, 1, MPI_LONG, root, MPI_COMM_WORLD);
     if (key_len < 0) { /* the scheduler could not start: everyone stops */
         MPI_Finalize();
+        free(roles);
         free(key);
         return 1;
     }
@@ -241,6 +298,7 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
         ts_sched_destroy(sched);
         if (key_fd >= 0) close(key_fd);
         free(key);
+        free(roles);
         MPI_Finalize();
         return 2;
     }
@@ -260,9 +318,10 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
 
     char run_dir[TS_JOB_PATH_MAX + 16]; /* --run-dir, else the job's */
     ts_worker_run_dir(&job, o->run_dir, run_dir, sizeof run_dir);
-    int code = 1;
+    int code = 1, declared_dead = 0;
     if (rank == root) {
         code = ts_sched_run(sched);
+        declared_dead = ts_sched_declared_dead(sched);
         ts_sched_destroy(sched);
     } else if (wrote && mine == TS_ROLE_PS) {
         ts_ps_options po = {.job = &job, .scheduler = endpoint, .key_file = key_path, .rank = -1, .run_dir = run_dir,
@@ -281,6 +340,12 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
         fprintf(stderr, "tessera-run --mpi: rank %d failed (exit %d): aborting the MPI job\n", rank, code);
         MPI_Abort(MPI_COMM_WORLD, code);
     }
+    if (rank != root) {
+        MPI_Send(&code, 1, MPI_INT, root, TAG_ENDED, MPI_COMM_WORLD);
+        MPI_Recv(&code, 1, MPI_INT, root, TAG_FINALIZE, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else
+        end_declared_dead(size, root, roles, declared_dead);
+    free(roles);
     MPI_Comm_free(&group);
     MPI_Finalize();
     return code;

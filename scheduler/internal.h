@@ -78,6 +78,7 @@ struct ts_sched {
     bool change_pending;        /* a join/death/leave awaits its generation */
     bool workers_changed;       /* ... and it concerns workers: it waits for a step boundary */
     bool worker_completed;      /* some worker finished all steps */
+    int declared_dead;          /* members declared dead so far (silent, or evicted) */
     char worker_caps[TS_PROTO_CAPS_MAX + 1]; /* the first worker's: the job's ("" until then) */
     uint64_t bad_messages;
     uint64_t started_ms;

@@ -397,6 +397,7 @@ static void remove_member(ts_sched *s, sched_node *n, sched_node_state st)
     if (st == NODE_DEAD) {
         printf("dead %s %d\n", ts_proto_role_name(n->role), n->rank);
         fflush(stdout);
+        s->declared_dead++;
     }
     n->state = st;
     if (n->role == TS_ROLE_WORKER && s->cfg.steps > 0 && n->last_step >= s->cfg.steps)

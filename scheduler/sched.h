@@ -27,6 +27,11 @@ const char *ts_sched_endpoint(const ts_sched *s);
  * (0: job finished or stopped by a signal, 1: the job failed). */
 int ts_sched_run(ts_sched *s);
 
+/* Members declared dead so far (silent past the heartbeat timeout, or
+ * evicted): processes that may still run, stopped, which the scheduler
+ * cannot end; their supervisor ends them once the job is over. */
+int ts_sched_declared_dead(const ts_sched *s);
+
 /* Closes the socket, stops the ZAP gate and frees everything. NULL is fine. */
 void ts_sched_destroy(ts_sched *s);
 

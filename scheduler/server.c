@@ -218,6 +218,8 @@ static void close_handle(uv_handle_t *h, void *arg)
 
 const char *ts_sched_endpoint(const ts_sched *s) { return s->endpoint; }
 
+int ts_sched_declared_dead(const ts_sched *s) { return s->declared_dead; }
+
 /* Socket, keys and ZAP gate; the loop comes in init_loop. */
 static ts_status init_socket(ts_sched *s)
 {

@@ -18,7 +18,8 @@
  * workers' checkpoint, which holds no optimizer state, evaluates but does
  * not resume a run of another strategy. Ctrl-C stops every worker after
  * the same step, saved. Under mpirun, a shard whose only server stopped
- * ends the workers once it is declared dead, naming its last server.
+ * ends the workers once it is declared dead, naming its last server; a
+ * stopped primary with a backup is ended once the job completed.
  * Run one test by name: cluster_test_ps <name>.
  */
 #include <setjmp.h>
@@ -536,14 +537,15 @@ static void test_interrupt(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
-/* mpirun of tessera-run --mpi on 4 ranks (the scheduler, one ps, two
- * workers) running job in the run folder th_path(run). */
-static th_proc start_mpirun(const char *tag, const char *job, const char *run) {
+/* mpirun of tessera-run --mpi on np ranks (the scheduler, the ps, the
+ * workers) running job in the run folder th_path(run); each output line
+ * begins with its MPI rank ("[1,2]<stdout>:" for rank 2). */
+static th_proc start_mpirun(const char *tag, const char *job, const char *run, const char *np) {
     char run_bin[4200], set_dir[4300];
     snprintf(run_bin, sizeof run_bin, "%s/tessera-run", getenv("TESSERA_BIN_DIR"));
     snprintf(set_dir, sizeof set_dir, "train.run_dir=%s", th_path(run));
-    const char *argv[] = {"mpirun", "-np", "4", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-x",
-                          "TESSERA_NUM_THREADS=1", run_bin, "--mpi", job, "--set", set_dir, NULL};
+    const char *argv[] = {"mpirun", "-np", np, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
+                          "--tag-output", "-x", "TESSERA_NUM_THREADS=1", run_bin, "--mpi", job, "--set", set_dir, NULL};
     return th_start(tag, argv);
 }
 
@@ -553,7 +555,7 @@ static void test_mpirun(void **state) {
     (void)state;
     th_need_mpirun();
     const char *job = job_file("mpi-ps", false, 240, 32, "\"strategy\": \"ps\", \"servers\": 1, \"workers\": 2");
-    th_proc p = start_mpirun("mpi-ps", job, "run-mpi");
+    th_proc p = start_mpirun("mpi-ps", job, "run-mpi", "4");
     th_wait_mpirun(&p, 120000);
     assert_int_equal(th_count(&p, "shutdown (code 0)"), 3); /* ps + 2 workers */
     expect_accuracy(th_path("run-mpi"), 240);
@@ -568,7 +570,7 @@ static void test_mpirun_stop_shard(void **state) {
     (void)state;
     th_need_mpirun();
     const char *job = job_file("mpi-ps-stop", false, 100000, 8, "\"strategy\": \"ps\", \"servers\": 1, \"workers\": 2");
-    th_proc p = start_mpirun("mpi-ps-stop", job, "run-mpi-stop");
+    th_proc p = start_mpirun("mpi-ps-stop", job, "run-mpi-stop", "4");
     if (th_wait_for(&p, "step 20/100000", 60000) != 0) th_dump(&p, "the job did not reach step 20");
     pid_t ps = th_child(p.pid, NULL, 1); /* mpirun's children are its ranks: MPI rank 1 is the ps */
     if (ps <= 0) th_dump(&p, "mpirun has fewer than 2 ranks");
@@ -578,6 +580,44 @@ static void test_mpirun_stop_shard(void **state) {
         th_count(&p, "(its last, ps rank 0 at tcp://127.0.0.1:") == 0 ||
         th_count(&p, "nothing restarts a server under mpirun") == 0)
         th_dump(&p, "no worker said that shard 0 has no live server left, and which was its last");
+    th_leftovers(); /* mpirun may exit before it reaped every rank */
+}
+
+/* The MPI rank whose ps said it is shard 0's primary, or -1. */
+static int mpi_primary(const th_proc *p) {
+    char *text = th_output(p);
+    int rank = -1;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+        if (strstr(line, "]<stdout>:shard 0: generation ") && strstr(line, " is primary "))
+            sscanf(line, "[%*d,%d]", &rank);
+    free(text);
+    return rank;
+}
+
+/* Under mpirun, shard 0 with a backup (MPI ranks 1 and 2): its primary,
+ * stopped by SIGSTOP, is declared dead, the backup takes over and the job
+ * completes; the stopped rank, which would hold mpirun for ever, is ended
+ * by the scheduler's rank (MPI_Abort, status 0) naming it, and the final
+ * checkpoint evaluates. */
+static void test_mpirun_stop_primary(void **state) {
+    (void)state;
+    th_need_mpirun();
+    const char *job = job_file("mpi-ps-stopp", false, 240, 32,
+                               "\"strategy\": \"ps\", \"servers\": 1, \"workers\": 2, \"ps_replicas\": 2");
+    th_proc p = start_mpirun("mpi-ps-stopp", job, "run-mpi-stopp", "5");
+    if (th_wait_for(&p, "step 60/240", 60000) != 0) th_dump(&p, "the job did not reach step 60");
+    int primary = mpi_primary(&p);
+    if (primary != 1 && primary != 2) th_dump(&p, "neither MPI rank 1 nor 2 said it is shard 0's primary");
+    pid_t victim = th_child(p.pid, NULL, primary); /* mpirun's children are its ranks */
+    if (victim <= 0) th_dump(&p, "mpirun has too few ranks");
+    kill(victim, SIGSTOP);
+    if (th_mpirun_status(&p, 60000) != 0) th_dump(&p, "mpirun did not exit 0 after the job completed");
+    char needle[200];
+    snprintf(needle, sizeof needle, "the job completed, but MPI rank %d (ps), which the scheduler declared dead, "
+             "did not end", primary);
+    if (th_count(&p, needle) != 1) th_dump(&p, "the scheduler's rank did not name the stopped rank it ended");
+    th_expect_output(&p, "shard 0: promoted to primary at step ", 0);
+    expect_accuracy(th_path("run-mpi-stopp"), 240);
     th_leftovers(); /* mpirun may exit before it reaped every rank */
 }
 
@@ -593,6 +633,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_resume), cmocka_unit_test(test_resume_reshard),
         cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_mpirun),          cmocka_unit_test(test_mpirun_stop_shard),
+        cmocka_unit_test(test_mpirun_stop_primary),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
