@@ -18,9 +18,11 @@
 #if TESSERA_WITH_MPI
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <mpi.h>
 #include <stdbool.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -139,6 +141,17 @@ static bool scheduler_reachable(const ts_job *job, int rank, int root) {
                         "on other hosts cannot reach: set parallel.bind to an address of %s, or 0.0.0.0\n",
                 root_host, bind, ranks, root_host);
     return false;
+}
+
+/* SIGINT or SIGTERM on a ps or worker rank: the scheduler's rank stops the
+ * job. mpirun, which passed the signal on, relays the rank's output no more
+ * (or too slowly): it goes to /dev/null from now on, so that no write
+ * blocks on a full pipe (or dies of SIGPIPE) before the rank saved and
+ * mpirun's SIGKILL comes. */
+static void quiet_on_signal(int sig) {
+    (void)sig;
+    int fd = open("/dev/null", O_WRONLY);
+    if (fd >= 0) dup2(fd, 1), dup2(fd, 2), close(fd);
 }
 
 /* On the scheduler's rank, once the job completed: waits for every other
@@ -319,6 +332,12 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
     char run_dir[TS_JOB_PATH_MAX + 16]; /* --run-dir, else the job's */
     ts_worker_run_dir(&job, o->run_dir, run_dir, sizeof run_dir);
     int code = 1, declared_dead = 0;
+    /* mpirun passes a Ctrl-C on to every rank as SIGTERM: the scheduler's
+     * rank stops the job at a step the workers agree on, which they save
+     * (a rank that stopped by itself would end the MPI job unsaved) */
+    struct sigaction quiet = {.sa_handler = quiet_on_signal, .sa_flags = SA_RESTART};
+    if (rank != root) sigaction(SIGINT, &quiet, NULL), sigaction(SIGTERM, &quiet, NULL);
+    signal(SIGPIPE, SIG_IGN);
     if (rank == root) {
         code = ts_sched_run(sched);
         declared_dead = ts_sched_declared_dead(sched);

@@ -141,8 +141,10 @@ int ts_worker_run(const ts_worker_options *o) {
         st = ts_trainer_attach(t);
     }
     struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    if (!o->mpi_comm) { /* under mpirun the scheduler's rank takes the signals and stops the job */
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+    }
     if (!st) st = ts_trainer_run(t, &stop_requested);
     int code = 0;
     if (refused) {

@@ -36,6 +36,7 @@
 
 #include "harness.h"
 #include "kernels/io/atomic.h"
+#include "kernels/io/checkpoint.h"
 
 enum { MAX_STEPS = 1024 };
 
@@ -621,6 +622,30 @@ static void test_mpirun_stop_primary(void **state) {
     th_leftovers(); /* mpirun may exit before it reaped every rank */
 }
 
+/* Ctrl-C of mpirun, which passes SIGTERM to every rank and relays their
+ * output no more: the scheduler's rank stops the job at a step the workers
+ * agree on, and the workers and the shard save it. Before, each worker
+ * stopped by itself at its own step and its exit ended the MPI job before
+ * anything was saved (and with a line logged every step, a rank blocked
+ * on its unrelayed output until mpirun killed it). */
+static void test_mpirun_interrupt(void **state) {
+    (void)state;
+    th_need_mpirun();
+    const char *job = job_file("mpi-ps-int", false, 100000, 8, "\"strategy\": \"ps\", \"servers\": 1, \"workers\": 2");
+    th_proc p = start_mpirun("mpi-ps-int", job, "run-mpi-int", "4");
+    if (th_wait_for(&p, "step 40/100000", 60000) != 0) th_dump(&p, "the job did not reach step 40");
+    kill(p.pid, SIGINT);
+    th_mpirun_status(&p, 60000);
+    char root[4400], dir[4400];
+    int64_t step;
+    snprintf(root, sizeof root, "%s/checkpoints", th_path("run-mpi-int"));
+    assert_int_equal(ts_checkpoint_latest(root, dir, sizeof dir, &step), TS_OK);
+    if (step < 40) th_dump(&p, "the workers saved no checkpoint of the step they stopped at");
+    snprintf(dir, sizeof dir, "%s/ps/shard-0/step-%lld/state.json", th_path("run-mpi-int"), (long long)step);
+    if (access(dir, F_OK) != 0) th_dump(&p, "the shard's checkpoint of the stop step is missing");
+    th_leftovers(); /* mpirun may exit before it reaped every rank */
+}
+
 int main(int argc, char **argv) {
     th_init();
     setenv("TESSERA_NUM_THREADS", "1", 1);
@@ -634,6 +659,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_mpirun),          cmocka_unit_test(test_mpirun_stop_shard),
         cmocka_unit_test(test_mpirun_stop_primary),
+        cmocka_unit_test(test_mpirun_interrupt),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
