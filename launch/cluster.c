@@ -566,13 +566,7 @@ static void resume_hint(const cluster *cl, char *out, size_t cap) {
 static ts_status make_run_dir(cluster *cl) {
     if (cl->o->run_dir) {
         snprintf(cl->run_dir, sizeof cl->run_dir, "%s", cl->o->run_dir);
-        struct stat sb;
-        if (mkdir(cl->run_dir, 0755) != 0 && errno != EEXIST)
-            return ts_error(TS_ERR_IO, "run folder %s: cannot create it: %s",
-                            cl->run_dir, strerror(errno));
-        if (stat(cl->run_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-            return ts_error(TS_ERR_IO, "run folder %s: exists and is not a folder", cl->run_dir);
-        return TS_OK;
+        return ts_io_make_run_dir(cl->run_dir);
     }
     if (mkdir("runs", 0755) != 0 && errno != EEXIST)
         return ts_error(TS_ERR_IO, "cannot create runs/: %s",
@@ -627,6 +621,15 @@ static ts_status place(cluster *cl) {
     return TS_OK;
 }
 
+ts_status ts_cluster_write_job(const char *run_dir, const ts_job *job) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/job.json", run_dir);
+    json_t *doc = ts_job_to_json(job);
+    int rc = doc ? json_dump_file(doc, path, JSON_INDENT(2) | JSON_SORT_KEYS) : -1;
+    json_decref(doc);
+    return rc ? ts_error(TS_ERR_IO, "cannot write %s", path) : TS_OK;
+}
+
 /* Run folder, resolved job.json, key file, placement. */
 static ts_status prepare(cluster *cl) {
     const ts_job *job = &cl->o->job;
@@ -639,13 +642,7 @@ static ts_status prepare(cluster *cl) {
     if (st == TS_OK) st = ts_io_lock_run_dir(cl->run_dir, &cl->lock_fd);
     if (st != TS_OK) return st;
 
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/job.json", cl->run_dir);
-    json_t *doc = ts_job_to_json(job);
-    int rc = doc ? json_dump_file(doc, path, JSON_INDENT(2) | JSON_SORT_KEYS) : -1;
-    json_decref(doc);
-    if (rc != 0)
-        return ts_error(TS_ERR_IO, "cannot write %s", path);
+    if ((st = ts_cluster_write_job(cl->run_dir, job)) != TS_OK) return st;
 
     if (job->parallel.key_file[0]) {
         snprintf(cl->key_file, sizeof cl->key_file, "%s", job->parallel.key_file);

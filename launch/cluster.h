@@ -41,6 +41,9 @@ int ts_cluster_run(const ts_cluster_opts *o);
 void ts_cluster_scheduler_args(ts_argv *a, const ts_job *job,
                                const char *bind_endpoint, const char *key_file);
 
+/* Writes run_dir/job.json: job as resolved, every field. */
+ts_status ts_cluster_write_job(const char *run_dir, const ts_job *job);
+
 /* Flags of a node (ps or worker) joining the scheduler at addr, appended to
  * a: --scheduler ADDR --key-file KEY --job JOB [--set S]... */
 void ts_cluster_node_args(ts_argv *a, const char *addr, const char *key_file,

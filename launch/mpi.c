@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "collective/mpi.h"
+#include "kernels/io/atomic.h"
 #include "ps/ps.h"
 #include "proto/wire.h"
 #include "proto/secure.h"
@@ -331,6 +332,9 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
 
     char run_dir[TS_JOB_PATH_MAX + 16]; /* --run-dir, else the job's */
     ts_worker_run_dir(&job, o->run_dir, run_dir, sizeof run_dir);
+    /* the scheduler's host's run folder records the job as its ranks make it */
+    if (rank == root && (ts_io_make_run_dir(run_dir) || ts_cluster_write_job(run_dir, &job)))
+        fprintf(stderr, "tessera-run --mpi: warning: %s\n", ts_last_error());
     int code = 1, declared_dead = 0;
     /* mpirun passes a Ctrl-C on to every rank as SIGTERM: the scheduler's
      * rank stops the job at a step the workers agree on, which they save

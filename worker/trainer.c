@@ -12,6 +12,7 @@
 #include "kernels/autograd.h"
 #include "kernels/data/idx.h"
 #include "kernels/data/text.h"
+#include "kernels/io/atomic.h"
 #include "kernels/io/checkpoint.h"
 #include "kernels/ops/elementwise.h"
 #include "kernels/ops/loss.h"
@@ -160,26 +161,6 @@ static ts_device job_device(const ts_job *job, const ts_group *g) {
     return ts_cuda(count > 0 && local >= 0 ? local % count : 0);
 }
 
-/* mkdir -p path. */
-static ts_status make_dirs(const char *path) {
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1;; p++) {
-        bool end = *p == '\0';
-        if (*p == '/' || end) {
-            *p = '\0';
-            if (mkdir(buf, 0755) && errno != EEXIST)
-                return ts_error(TS_ERR_IO, "trainer: cannot create run folder %s: %s", buf, strerror(errno));
-            if (end) break;
-            *p = '/';
-        }
-    }
-    struct stat sb;
-    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return ts_error(TS_ERR_IO, "trainer: run folder %s: exists and is not a folder", path);
-    return TS_OK;
-}
-
 /* The optimizer's state as a checkpoint holds it: 0 none (SGD without
  * momentum), 1 momentum (SGD), 2 moments (Adam and AdamW alike). */
 static int state_kind(const ts_job_optimizer *o) {
@@ -261,7 +242,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     if (!st) st = setup_optimizer(t);
     if (!st) st = hook_params(t);
     if (!st) t->whole = whole_slice(t->model);
-    if (!st && run_dir) st = make_dirs(t->run_dir);
+    if (!st && run_dir) st = ts_io_make_run_dir(t->run_dir);
     if (!st && ckpt[0]) st = same_optimizer(job, ckpt);
     if (!st && ckpt[0]) st = ts_trainer_load(t, ckpt);
     if (st) {

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <libgen.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +155,26 @@ ts_status ts_io_open_regular(const char *path, const char *what, int *fd) {
         return s;
     }
     *fd = f;
+    return TS_OK;
+}
+
+ts_status ts_io_make_run_dir(const char *dir) {
+    char buf[4200];
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+        return ts_error(TS_ERR_VALUE, "run folder %.64s...: the path is too long", dir);
+    for (char *p = buf + 1;; p++) {
+        bool end = *p == '\0';
+        if (*p == '/' || end) {
+            *p = '\0';
+            if (mkdir(buf, 0755) && errno != EEXIST)
+                return ts_error(TS_ERR_IO, "run folder %s: cannot create %s: %s", dir, buf, strerror(errno));
+            if (end) break;
+            *p = '/';
+        }
+    }
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return ts_error(TS_ERR_IO, "run folder %s: exists and is not a folder", dir);
     return TS_OK;
 }
 

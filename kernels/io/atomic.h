@@ -47,6 +47,10 @@ ts_status ts_io_remove_tree(const char *dir);
  * TS_ERR_IO "<what> <path>: cannot open: <errno text>". */
 ts_status ts_io_open_regular(const char *path, const char *what, int *fd);
 
+/* Makes the run folder dir and its parents (mkdir -p, mode 0755); one that
+ * exists is fine when it is a folder. Errors name the folder. */
+ts_status ts_io_make_run_dir(const char *dir);
+
 /* Takes the run folder dir (it exists) for this process alone: an
  * exclusive flock of dir/.lock, which holds the pid. *fd keeps the lock
  * until it is closed or the process ends (not inherited by programs it

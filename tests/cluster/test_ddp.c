@@ -148,6 +148,15 @@ static void test_mpirun_2(void **state) {
     th_wait_mpirun(&p, 120000);
     if (th_losses(dir, got, STEPS) != STEPS) th_dump(&p, "the run did not log every step");
     th_expect_same(got, want, 1, STEPS, "mpirun");
+    /* the run folder records the job as the ranks made it, as tessera-run's does */
+    char path[4300], text[8192];
+    snprintf(path, sizeof path, "%s/job.json", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) th_dump(&p, "the run folder has no job.json");
+    text[fread(text, 1, sizeof text - 1, f)] = '\0';
+    fclose(f);
+    if (!strstr(text, "\"strategy\": \"ddp\"") || !strstr(text, "\"workers\": 2"))
+        fail_msg("%s is not the job of 2 ddp workers:\n%s", path, text);
 }
 
 /* --resume under mpirun continues from the run folder's newest checkpoint:
