@@ -201,17 +201,18 @@ static const field job_fields[] = {
     {0},
 };
 
-const char *ts_job_strategy_name(ts_job_strategy s) {
-    if ((int)s < 0 || (size_t)s >= sizeof strategy_names / sizeof *strategy_names - 1)
-        return "?";
-    return strategy_names[s];
+/* Entry i of a NULL-terminated table of enum names, or "?". */
+static const char *name_in(const char *const *names, int i) {
+    for (int k = 0; i >= 0 && names[k]; k++)
+        if (k == i) return names[k];
+    return "?";
 }
 
-const char *ts_job_consistency_name(ts_job_consistency c) {
-    if ((int)c < 0 || (size_t)c >= sizeof consistency_names / sizeof *consistency_names - 1)
-        return "?";
-    return consistency_names[c];
-}
+const char *ts_job_strategy_name(ts_job_strategy s) { return name_in(strategy_names, (int)s); }
+
+const char *ts_job_consistency_name(ts_job_consistency c) { return name_in(consistency_names, (int)c); }
+
+const char *ts_job_optimizer_name(ts_job_optim_kind k) { return name_in(optim_names, (int)k); }
 
 int ts_job_ps_processes(const ts_job *job) { return job->parallel.servers * job->parallel.ps_replicas; }
 

@@ -242,6 +242,9 @@ const char *ts_job_strategy_name(ts_job_strategy s);
 /* Name of a consistency ("sync", "async", "bounded"). */
 const char *ts_job_consistency_name(ts_job_consistency c);
 
+/* The optimizer.kind text of k ("sgd", "adam", "adamw"). */
+const char *ts_job_optimizer_name(ts_job_optim_kind k);
+
 /* The parameter-server processes of the job: servers * ps_replicas. */
 int ts_job_ps_processes(const ts_job *job);
 

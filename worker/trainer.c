@@ -169,8 +169,7 @@ static int state_kind(const ts_job_optimizer *o) {
 
 /* "adamw", "sgd with momentum", ... for o. */
 static const char *optimizer_text(const ts_job_optimizer *o) {
-    static const char *const names[] = {"sgd", "adam", "adamw"};
-    return o->kind == TS_JOB_SGD && o->momentum > 0 ? "sgd with momentum" : names[o->kind];
+    return o->kind == TS_JOB_SGD && o->momentum > 0 ? "sgd with momentum" : ts_job_optimizer_name(o->kind);
 }
 
 /* Refuses to resume checkpoint dir with an optimizer whose state is not
