@@ -267,10 +267,19 @@ static ts_status match_entries(const ts_model *m, const ts_safetensors *st, cons
         if (bad >= 0) return not_finite(st, e, name, bad, v);
         src[p] = (source){k, tr};
     }
+    int first = -1, missing = 0;
     for (int i = 0; i < m->n_params; i++)
-        if (src[i].entry < 0)
-            return ts_error(TS_ERR_VALUE, "init_from %s: no tensor%s for the model's parameter '%s' %s", st->path, via,
-                            m->params[i].name, ts_dims_str(m->params[i].ndim, m->params[i].shape));
+        if (src[i].entry < 0 && missing++ == 0) first = i;
+    if (missing == 1)
+        return ts_error(TS_ERR_VALUE, "init_from %s: no tensor%s for the model's parameter '%s' %s", st->path, via,
+                        m->params[first].name, ts_dims_str(m->params[first].ndim, m->params[first].shape));
+    if (missing > 1)
+        return ts_error(TS_ERR_VALUE, "init_from %s: no tensor%s for the model's parameter '%s' %s nor for %d more: "
+                        "the file gives %d of the model's %d parameters (a part of a checkpoint saved in parts, "
+                        "such as a pipeline stage's, holds only its own: tessera-run --consolidate its checkpoint "
+                        "folder writes them in one)", st->path, via, m->params[first].name,
+                        ts_dims_str(m->params[first].ndim, m->params[first].shape), missing - 1,
+                        m->n_params - missing, m->n_params);
     return TS_OK;
 }
 

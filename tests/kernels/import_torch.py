@@ -10,6 +10,8 @@ of tests/kernels/model_torch.py, and writes into DIR as safetensors:
                          "transformer.", Conv1D weights stored [in, out], the
                          attention mask buffers and a tied lm_head.weight)
   gpt_missing            gpt_torch without ln_f.bias
+  gpt_stage0             gpt_torch's embeddings and first block only, as a
+                         pipeline's first stage holds them
   gpt_hf_f16             gpt_hf in half precision (F16), wte.weight's first
                          values set to the smallest and (negated) largest
                          subnormal and -0
@@ -90,6 +92,8 @@ def main():
     write_safetensors(f"{d}/gpt_torch.safetensors", gs)
     write_safetensors(f"{d}/gpt_hf.safetensors", hf_names(gs, GPT["n_layer"], GPT["block_size"]))
     write_safetensors(f"{d}/gpt_missing.safetensors", {k: v for k, v in gs.items() if k != "ln_f.bias"})
+    stage0 = {k: v for k, v in gs.items() if k.startswith(("wte.", "wpe.", "blocks.0."))}
+    write_safetensors(f"{d}/gpt_stage0.safetensors", stage0)
     half = {k: v.half() for k, v in hf_names(gs, GPT["n_layer"], GPT["block_size"]).items()}
     half["transformer.wte.weight"][0, :3] = torch.tensor([2.0**-24, -1023 * 2.0**-24, -0.0])
     write_safetensors(f"{d}/gpt_hf_f16.safetensors", half)

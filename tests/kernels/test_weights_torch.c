@@ -163,6 +163,8 @@ static void test_refusals(void **state) {
     ts_model_spec wide = gpt_spec(48), gpt = gpt_spec(32);
     expect_refusal(&wide, "gpt_torch", NULL, (const char *[]){"'wte.weight'", "[256,32]", "[256,48]", NULL});
     expect_refusal(&gpt, "gpt_missing", NULL, (const char *[]){"'ln_f.bias'", "[32]", NULL});
+    expect_refusal(&gpt, "gpt_stage0", NULL,
+                   (const char *[]){"'blocks.1.", "nor for", "more: the file gives", "--consolidate", NULL});
     expect_refusal(&gpt, "gpt_hf", NULL, (const char *[]){"transformer.", "is not a parameter", NULL});
     char gpt2[512];
     gpt2_map(gpt2, sizeof gpt2);
