@@ -484,6 +484,7 @@ static ts_status run_node(ts_node *n, node_list *ready) {
 
 ts_status ts_backward(ts_tensor *t, ts_tensor *grad) {
     static _Atomic unsigned stamps;
+    if (!t) return ts_error(TS_ERR_VALUE, "backward: tensor is NULL");
     if (!t->requires_grad)
         return ts_error(TS_ERR_STATE, "backward: tensor of shape %s does not require grad", ts_shape_str(t));
     if (grad && !ts_tensor_same_shape(grad, t))
@@ -526,6 +527,7 @@ ts_status ts_backward(ts_tensor *t, ts_tensor *grad) {
 }
 
 ts_status ts_set_requires_grad(ts_tensor *t, bool on) {
+    if (!t) return ts_error(TS_ERR_VALUE, "requires_grad: tensor is NULL");
     if (t->grad_fn)
         return ts_error(TS_ERR_STATE, "requires_grad: tensor %s is the result of %s, not a leaf", ts_shape_str(t),
                         t->grad_fn->op);

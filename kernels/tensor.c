@@ -113,13 +113,21 @@ int ts_dim_index(int dim, int ndim) {
     return dim >= 0 && dim < ndim ? dim : -1;
 }
 
+/* Checks ndim and sizes, and that the contiguous strides of the shape (sizes
+ * 0 counted as 1) stay below INT64_MAX / 8, so element counts, strides and
+ * byte sizes of every dtype never overflow. */
 static ts_status check_shape(const char *op, int ndim, const int64_t *shape) {
     if (ndim < 0 || ndim > TS_MAX_DIMS)
         return ts_error(TS_ERR_SHAPE, "%s: %d dims is outside 0..%d", op, ndim, TS_MAX_DIMS);
-    for (int d = 0; d < ndim; d++)
+    int64_t span = 1;
+    for (int d = 0; d < ndim; d++) {
         if (shape[d] < 0)
             return ts_error(TS_ERR_SHAPE, "%s: shape %s has a negative size at dim %d", op,
                             ts_dims_str(ndim, shape), d);
+        if (__builtin_mul_overflow(span, shape[d] > 0 ? shape[d] : 1, &span) || span > INT64_MAX / 8)
+            return ts_error(TS_ERR_SHAPE, "%s: shape %s has too many elements (more than %lld)", op,
+                            ts_dims_str(ndim, shape), (long long)(INT64_MAX / 8));
+    }
     return TS_OK;
 }
 
@@ -148,16 +156,21 @@ ts_tensor *ts_tensor_from_storage(ts_storage *s, ts_dtype dt, int64_t offset, in
         memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
     else
         ts_contiguous_strides(ndim, shape, t->strides);
-    /* the view's extent must lie inside the storage */
+    /* the view's extent must lie inside the storage (an extent that
+     * overflows int64 does not) */
     int64_t lo = offset, hi = offset;
-    bool empty = false;
-    for (int d = 0; d < ndim; d++) {
-        if (shape[d] == 0) empty = true;
-        int64_t span = (shape[d] - 1) * t->strides[d];
-        if (span < 0) lo += span; else hi += span;
+    bool empty = false, overflow = false;
+    for (int d = 0; d < ndim && !overflow; d++) {
+        if (shape[d] == 0) {
+            empty = true;
+            continue;
+        }
+        int64_t span = 0;
+        overflow = __builtin_mul_overflow(shape[d] - 1, t->strides[d], &span) ||
+                   (span < 0 ? __builtin_add_overflow(lo, span, &lo) : __builtin_add_overflow(hi, span, &hi));
     }
     size_t esz = ts_dtype_size(dt);
-    if (!empty && (lo < 0 || (size_t)(hi + 1) * esz > s->nbytes)) {
+    if (!empty && (overflow || lo < 0 || (uint64_t)hi >= s->nbytes / esz)) {
         ts_error(TS_ERR_SHAPE, "view: shape %s at offset %lld does not fit storage of %zu bytes",
                  ts_dims_str(ndim, shape), (long long)offset, s->nbytes);
         free(t);
@@ -264,6 +277,7 @@ double ts_tensor_item(const ts_tensor *t) {
 static ts_operand operand(const ts_tensor *t) { return (ts_operand){ts_tensor_data(t), t->dtype, t->strides}; }
 
 ts_status ts_tensor_fill_(ts_tensor *t, double v) {
+    if (!t) return ts_error(TS_ERR_VALUE, "fill: tensor is NULL");
     const ts_backend *b = ts_backend_of("fill", ts_tensor_device(t));
     return b ? b->memory->fill(t->ndim, t->shape, operand(t), v) : ts_last_status();
 }
@@ -297,6 +311,7 @@ ts_tensor *ts_tensor_to(const ts_tensor *t, ts_device d) {
 /* dst = src or dst += src, same shape; src is brought to dst's device
  * first when it is elsewhere. */
 static ts_status copy_into(const char *op, ts_tensor *dst, const ts_tensor *src, bool accumulate) {
+    if (!dst || !src) return ts_error(TS_ERR_VALUE, "%s: %s is NULL", op, dst ? "source" : "destination");
     if (!ts_tensor_same_shape(dst, src))
         return ts_error(TS_ERR_SHAPE, "%s: destination %s and source %s differ", op, ts_shape_str(dst),
                         ts_shape_str(src));
@@ -367,6 +382,13 @@ ts_tensor *ts_tensor_arange(ts_dtype dt, double start, double end, double step) 
 }
 
 ts_tensor *ts_tensor_from_data(ts_dtype dt, int ndim, const int64_t *shape, const void *data) {
+    if (!data) {
+        if (check_shape("from_data", ndim, shape)) return NULL;
+        if (shape_numel(ndim, shape) > 0) {
+            ts_error(TS_ERR_VALUE, "from_data: data is NULL for shape %s", ts_dims_str(ndim, shape));
+            return NULL;
+        }
+    }
     ts_tensor *t = ts_tensor_empty(dt, ndim, shape);
     if (t) memcpy(t->storage->data, data, ts_tensor_nbytes(t));
     return t;

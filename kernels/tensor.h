@@ -138,8 +138,9 @@ static inline void ts_elem_set(void *base, ts_dtype dt, int64_t i, double v) {
 }
 
 /* Creation on a device: contiguous, uninitialised (empty), 0 or value.
- * Shapes are checked (0 <= ndim <= 8, sizes >= 0); a device without a
- * backend in this build is an error. */
+ * Shapes are checked (0 <= ndim <= 8, sizes >= 0, fewer than 2^60
+ * elements, sizes 0 counted as 1); a device without a backend in this
+ * build is an error. */
 ts_tensor *ts_tensor_empty_on(ts_device d, ts_dtype dt, int ndim, const int64_t *shape);
 ts_tensor *ts_tensor_zeros_on(ts_device d, ts_dtype dt, int ndim, const int64_t *shape);
 ts_tensor *ts_tensor_full_on(ts_device d, ts_dtype dt, int ndim, const int64_t *shape, double value);

@@ -242,6 +242,47 @@ static void test_backward_errors_and_accumulation(void **state) {
     ts_tensor_release(z);
 }
 
+/* Shapes whose element count or view extent overflows int64 are refused:
+ * once they wrapped around to a small storage that the shape far exceeds. */
+static void test_overflowing_shapes_refused(void **state) {
+    (void)state;
+    int64_t big = (INT64_C(1) << 62) + 1; /* big * 4 wraps to 4 */
+    assert_null(ts_tensor_zeros(TS_F32, SHAPE(big, 4)));
+    assert_non_null(strstr(ts_last_error(), "shape [4611686018427387905,4] has too many elements"));
+    assert_null(ts_tensor_empty(TS_F32, SHAPE(0, INT64_C(1) << 40, INT64_C(1) << 40)));
+    assert_non_null(strstr(ts_last_error(), "too many elements"));
+    ts_tensor *x = ts_tensor_zeros(TS_F32, SHAPE(6));
+    /* (2 - 1) * 2^62 + 1 elements of 4 bytes wraps to 4 bytes */
+    assert_null(ts_tensor_from_storage(x->storage, TS_F32, 1, SHAPE(2), (int64_t[]){INT64_C(1) << 62}));
+    assert_non_null(strstr(ts_last_error(), "view: shape [2] at offset 1 does not fit storage of 24 bytes"));
+    assert_null(ts_tensor_from_storage(x->storage, TS_F32, 0, SHAPE(3, 2), (int64_t[]){INT64_MAX, 1}));
+    assert_non_null(strstr(ts_last_error(), "does not fit storage"));
+    ts_tensor *v = ts_tensor_from_storage(x->storage, TS_F32, 5, SHAPE(2, 3), (int64_t[]){-1, -2});
+    assert_non_null(v); /* negative strides inside the storage still make a view */
+    ts_tensor_release(v);
+    ts_tensor_release(x);
+}
+
+/* NULL tensors and data give errors naming the op, not a crash. */
+static void test_null_arguments_refused(void **state) {
+    (void)state;
+    assert_null(ts_tensor_from_data(TS_F32, SHAPE(2), NULL));
+    assert_non_null(strstr(ts_last_error(), "from_data: data is NULL for shape [2]"));
+    ts_tensor *e = ts_tensor_from_data(TS_F32, SHAPE(0, 3), NULL); /* nothing to copy */
+    assert_non_null(e);
+    assert_int_equal(ts_backward(NULL, NULL), TS_ERR_VALUE);
+    assert_non_null(strstr(ts_last_error(), "backward: tensor is NULL"));
+    assert_int_equal(ts_set_requires_grad(NULL, true), TS_ERR_VALUE);
+    assert_non_null(strstr(ts_last_error(), "requires_grad: tensor is NULL"));
+    assert_int_equal(ts_tensor_copy_(e, NULL), TS_ERR_VALUE);
+    assert_non_null(strstr(ts_last_error(), "copy: source is NULL"));
+    assert_int_equal(ts_tensor_add_(NULL, e), TS_ERR_VALUE);
+    assert_non_null(strstr(ts_last_error(), "add_: destination is NULL"));
+    assert_int_equal(ts_tensor_fill_(NULL, 1), TS_ERR_VALUE);
+    assert_non_null(strstr(ts_last_error(), "fill: tensor is NULL"));
+    ts_tensor_release(e);
+}
+
 static void test_print_shows_dtype_shape_device_values(void **state) {
     (void)state;
     ts_tensor *small = ts_tensor_arange(TS_F32, 0, 4, 1);
@@ -270,6 +311,8 @@ int main(void) {
         cmocka_unit_test(test_views_share_storage),
         cmocka_unit_test(test_gradcheck_views),
         cmocka_unit_test(test_backward_errors_and_accumulation),
+        cmocka_unit_test(test_overflowing_shapes_refused),
+        cmocka_unit_test(test_null_arguments_refused),
         cmocka_unit_test(test_print_shows_dtype_shape_device_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
