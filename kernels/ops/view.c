@@ -228,7 +228,8 @@ bad:
 ts_tensor *ts_squeeze(ts_tensor *x, int dim) {
     int d = ts_dim_index(dim, x->ndim);
     if (d < 0 || x->shape[d] != 1) {
-        ts_error(TS_ERR_SHAPE, "squeeze: dim %d of %s is not of size 1", dim, ts_shape_str(x));
+        ts_error(TS_ERR_SHAPE, d < 0 ? "squeeze: dim %d out of range for %s" : "squeeze: dim %d of %s is not of size 1",
+                 dim, ts_shape_str(x));
         return NULL;
     }
     int64_t shape[TS_MAX_DIMS];
@@ -241,7 +242,11 @@ ts_tensor *ts_squeeze(ts_tensor *x, int dim) {
 ts_tensor *ts_unsqueeze(ts_tensor *x, int dim) {
     int d = dim < 0 ? dim + x->ndim + 1 : dim;
     if (d < 0 || d > x->ndim || x->ndim == TS_MAX_DIMS) {
-        ts_error(TS_ERR_SHAPE, "unsqueeze: dim %d out of range for %s", dim, ts_shape_str(x));
+        if (x->ndim == TS_MAX_DIMS)
+            ts_error(TS_ERR_SHAPE, "unsqueeze: %s already has the most dims a tensor can have (%d)",
+                     ts_shape_str(x), TS_MAX_DIMS);
+        else
+            ts_error(TS_ERR_SHAPE, "unsqueeze: dim %d out of range for %s", dim, ts_shape_str(x));
         return NULL;
     }
     int64_t shape[TS_MAX_DIMS];

@@ -169,6 +169,12 @@ static void test_views_share_storage(void **state) {
     ts_tensor *bad = ts_reshape(x, SHAPE(5, 5));
     assert_null(bad);
     assert_non_null(strstr(ts_last_error(), "cannot view [24] (24 elements) as [5,5]"));
+    assert_null(ts_squeeze(r, 5));
+    assert_non_null(strstr(ts_last_error(), "squeeze: dim 5 out of range for [2,3,4]"));
+    ts_tensor *ones8 = ts_tensor_ones(TS_F32, SHAPE(1, 1, 1, 1, 1, 1, 1, 1));
+    assert_null(ts_unsqueeze(ones8, 0));
+    assert_non_null(strstr(ts_last_error(), "unsqueeze: [1,1,1,1,1,1,1,1] already has the most dims"));
+    ts_tensor_release(ones8);
     ts_tensor *col = ts_reshape(x, SHAPE(24, 1));
     ts_tensor *e = ts_expand(col, SHAPE(24, 3));
     assert_true(e->strides[1] == 0);
