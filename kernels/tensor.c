@@ -390,7 +390,7 @@ ts_tensor *ts_tensor_from_data(ts_dtype dt, int ndim, const int64_t *shape, cons
         }
     }
     ts_tensor *t = ts_tensor_empty(dt, ndim, shape);
-    if (t) memcpy(t->storage->data, data, ts_tensor_nbytes(t));
+    if (t && data) memcpy(t->storage->data, data, ts_tensor_nbytes(t));
     return t;
 }
 
