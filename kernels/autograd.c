@@ -2,6 +2,7 @@
 #include "kernels/autograd.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,12 +26,19 @@ bool ts_autograd_needed(int n, ts_tensor *const *inputs) {
     return false;
 }
 
+/* The version of t's storage (0 without a tensor or storage). */
+static unsigned version_of(const ts_tensor *t) {
+    return t && t->storage ? atomic_load_explicit(&t->storage->version, memory_order_relaxed) : 0;
+}
+
 ts_node *ts_node_new(const char *op, ts_backward_fn backward, int n, ts_tensor *const *inputs) {
     ts_node *node = calloc(1, sizeof *node);
     ts_tensor **ins = calloc((size_t)(n ? n : 1), sizeof *ins);
-    if (!node || !ins) {
+    unsigned *versions = calloc((size_t)(n ? n : 1), sizeof *versions);
+    if (!node || !ins || !versions) {
         free(node);
         free(ins);
+        free(versions);
         ts_error(TS_ERR_MEMORY, "%s: out of memory recording the autograd node", op);
         return NULL;
     }
@@ -38,9 +46,21 @@ ts_node *ts_node_new(const char *op, ts_backward_fn backward, int n, ts_tensor *
     node->backward = backward;
     node->n_inputs = n;
     node->inputs = ins;
-    for (int i = 0; i < n; i++) ins[i] = ts_tensor_retain(inputs[i]);
+    node->input_versions = versions;
+    for (int i = 0; i < n; i++) {
+        ins[i] = ts_tensor_retain(inputs[i]);
+        versions[i] = version_of(inputs[i]);
+    }
     node->refcount = 1;
     return node;
+}
+
+/* Slot i of node n: input i, or saved tensor i - n_inputs; with the
+ * version it had when the op kept it. */
+static ts_tensor **slot_at(ts_node *n, int i, unsigned **version) {
+    bool input = i < n->n_inputs;
+    *version = input ? &n->input_versions[i] : &n->saved_versions[i - n->n_inputs];
+    return input ? &n->inputs[i] : &n->saved[i - n->n_inputs];
 }
 
 void ts_node_attach(ts_tensor *out, ts_node *node) {
@@ -129,16 +149,18 @@ void ts_autograd_pack_as(const ts_tensor *f32, ts_tensor *bf16) {
 /* Replaces *slot by a bf16 tensor with the same values - a view of an
  * earlier copy or of a ts_autograd_pack_as tensor, else (when packable) a
  * new copy - and the slot's history; keeps it on failure (f32 is still
- * correct). */
-static void pack_slot(ts_tensor **slot, bool input) {
+ * correct) and when it was written in place since the op kept it (at
+ * *version: the backward refuses it then). */
+static void pack_slot(ts_tensor **slot, unsigned *version, bool input) {
     ts_tensor *t = *slot;
-    if (!t || !t->storage || t->packed || t->dtype != TS_F32) return;
+    if (!t || !t->storage || t->packed || t->dtype != TS_F32 || version_of(t) != *version) return;
     ts_tensor *p = memo_view(t);
     if (!p && packable(t, input) && (p = ts_tensor_copy_as(t, TS_BF16))) memo_add(t, p, false);
     if (!p) return;
     p->packed = true;
     take_history(p, t);
     *slot = p;
+    *version = version_of(p);
     ts_tensor_release(t);
 }
 
@@ -147,8 +169,11 @@ static void pack_flush(void) {
     ts_node *n = pack_pending;
     pack_pending = NULL;
     if (!n) return;
-    for (int i = 0; i < n->n_inputs; i++) pack_slot(&n->inputs[i], true);
-    for (int i = 0; i < TS_NODE_MAX_SAVED; i++) pack_slot(&n->saved[i], false);
+    for (int i = 0; i < n->n_inputs + TS_NODE_MAX_SAVED; i++) {
+        unsigned *version;
+        ts_tensor **slot = slot_at(n, i, &version);
+        pack_slot(slot, version, i < n->n_inputs);
+    }
     ts_node_release(n);
 }
 
@@ -185,15 +210,24 @@ static ts_tensor *widen(const ts_tensor *p) {
     return u;
 }
 
-/* The f32 tensor a packed slot stands for, with its history. */
-static ts_status unpack_slot(ts_tensor **slot) {
-    ts_tensor *p = *slot;
+/* Refuses slot i of n when what it holds was written in place since the
+ * op kept it; else makes a packed slot the f32 tensor it stands for, with
+ * its history. */
+static ts_status unpack_slot(ts_node *n, int i) {
+    unsigned *version;
+    ts_tensor **slot = slot_at(n, i, &version), *p = *slot;
+    if (p && p->storage && version_of(p) != *version)
+        return ts_error(TS_ERR_STATE, "backward of %s: its %s %d %s was written in place (copy_, add_, fill_ or set) "
+                        "after %s kept it, so its gradient cannot be computed: write into a copy, or after the "
+                        "backward", n->op, i < n->n_inputs ? "input" : "saved tensor",
+                        i < n->n_inputs ? i : i - n->n_inputs, ts_shape_str(p), n->op);
     if (!p || !p->packed) return TS_OK;
     ts_tensor *u = widen(p);
     if (!u) return ts_last_status();
     take_history(u, p);
     ts_tensor_release(p);
     *slot = u;
+    *version = version_of(u);
     return TS_OK;
 }
 
@@ -213,6 +247,7 @@ ts_node *ts_autograd_record(ts_tensor *out, const char *op, ts_backward_fn backw
 void ts_node_save(ts_node *node, int i, const ts_tensor *t) {
     ts_tensor_release(node->saved[i]);
     node->saved[i] = t ? ts_tensor_alias(t) : NULL;
+    node->saved_versions[i] = version_of(t);
 }
 
 ts_tensor *ts_autograd_meta(const ts_tensor *t) {
@@ -275,6 +310,7 @@ void ts_node_release(ts_node *node) {
     if (!node || --node->refcount > 0) return;
     node_free_state(node);
     free(node->inputs);
+    free(node->input_versions);
     free(node);
 }
 
@@ -446,8 +482,7 @@ static ts_status run_node(ts_node *n, node_list *ready) {
     n->grad = NULL;
     ts_tensor **gin = calloc((size_t)(n->n_inputs ? n->n_inputs : 1), sizeof *gin);
     if (!gin) return ts_error(TS_ERR_MEMORY, "backward: out of memory");
-    for (int i = 0; i < n->n_inputs + TS_NODE_MAX_SAVED && !st; i++)
-        st = unpack_slot(i < n->n_inputs ? &n->inputs[i] : &n->saved[i - n->n_inputs]);
+    for (int i = 0; i < n->n_inputs + TS_NODE_MAX_SAVED && !st; i++) st = unpack_slot(n, i);
     if (g && !st) {
         if (g->ndim != n->out_ndim || memcmp(g->shape, n->out_shape, sizeof(int64_t) * (size_t)g->ndim))
             st = ts_error(TS_ERR_SHAPE, "backward of %s: gradient %s does not match output %s", n->op,

@@ -9,7 +9,11 @@
  * ts_zero_grad). The engine itself reduces a gradient over broadcast
  * dimensions and converts it to the input's dtype, so op backward functions
  * return gradients of the broadcast shape. After backward the graph's saved
- * state is freed; a second backward through it is an error.
+ * state is freed; a second backward through it is an error, and so is a
+ * backward through a node whose inputs or saved tensors were written in
+ * place (ts_tensor_copy_, _add_, _fill_, _set on any view of their
+ * storage) after the op kept them: its gradient would be computed from the
+ * new values.
  *
  * Backward functions run with grad mode off. Saving an op's own output must
  * use ts_tensor_alias() (no grad_fn) to avoid a reference cycle.
@@ -34,6 +38,10 @@ struct ts_node {
     int n_inputs;
     ts_tensor **inputs;                  /* retained */
     ts_tensor *saved[TS_NODE_MAX_SAVED]; /* retained, no history */
+    /* the storage versions of inputs and saved as the op kept them: the
+     * engine refuses the backward when one was written in place since */
+    unsigned *input_versions;
+    unsigned saved_versions[TS_NODE_MAX_SAVED];
     int64_t iargs[16];                   /* op attributes */
     double fargs[8];
     void *ctx;                           /* op-owned extra state */

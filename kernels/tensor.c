@@ -2,6 +2,7 @@
 #include "kernels/tensor.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -260,7 +261,11 @@ double ts_tensor_get(const ts_tensor *t, int64_t i) {
     return ts_elem_get(t->storage->data, t->dtype, ts_tensor_offset_of(t, i));
 }
 
+/* Counts an in-place write into t's storage (see ts_storage.version). */
+static void bump_version(ts_tensor *t) { atomic_fetch_add_explicit(&t->storage->version, 1, memory_order_relaxed); }
+
 void ts_tensor_set(ts_tensor *t, int64_t i, double v) {
+    bump_version(t);
     ts_elem_set(t->storage->data, t->dtype, ts_tensor_offset_of(t, i), v);
 }
 
@@ -279,6 +284,7 @@ static ts_operand operand(const ts_tensor *t) { return (ts_operand){ts_tensor_da
 ts_status ts_tensor_fill_(ts_tensor *t, double v) {
     if (!t) return ts_error(TS_ERR_VALUE, "fill: tensor is NULL");
     const ts_backend *b = ts_backend_of("fill", ts_tensor_device(t));
+    if (b) bump_version(t);
     return b ? b->memory->fill(t->ndim, t->shape, operand(t), v) : ts_last_status();
 }
 
@@ -317,6 +323,7 @@ static ts_status copy_into(const char *op, ts_tensor *dst, const ts_tensor *src,
                         ts_shape_str(src));
     const ts_backend *b = ts_backend_of(op, ts_tensor_device(dst));
     if (!b) return ts_last_status();
+    bump_version(dst);
     if (ts_device_equal(ts_tensor_device(dst), ts_tensor_device(src)))
         return b->memory->copy(dst->ndim, dst->shape, operand(dst), operand(src), accumulate);
     ts_tensor *here = ts_tensor_to(src, ts_tensor_device(dst));

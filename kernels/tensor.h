@@ -56,6 +56,10 @@ typedef struct ts_storage {
     void *release_ctx;
     bool no_pack; /* never packed to bf16 for backward (see ts_autograd_set_pack_bf16) */
     uint64_t id;  /* unique per storage in the process (never reused) */
+    /* counts the in-place writes through ts_tensor_copy_, _add_, _fill_
+     * and _set (of any view): autograd refuses a backward that would read
+     * a tensor written after its op saved it */
+    _Atomic unsigned version;
 } ts_storage;
 
 typedef struct ts_node ts_node; /* autograd node, see autograd.h */
@@ -214,7 +218,8 @@ int64_t ts_tensor_offset_of(const ts_tensor *t, int64_t i);
 
 /* Copies src into dst elementwise: same shape, any strides and dtypes
  * (converting), any devices (through the host when they differ). Not
- * differentiable. */
+ * differentiable. This and the other in-place writes below (and
+ * ts_tensor_set) count as a new version of dst's storage. */
 ts_status ts_tensor_copy_(ts_tensor *dst, const ts_tensor *src);
 /* dst += src elementwise: same shape and device, any strides and dtypes.
  * Not differentiable. */

@@ -9,6 +9,8 @@
 
 #include "kernels/alloc.h"
 #include "kernels/autograd.h"
+#include "kernels/ops/elementwise.h"
+#include "kernels/ops/reduce.h"
 #include "kernels/ops/view.h"
 #include "../test_util.h"
 #include "kernels/tensor.h"
@@ -248,6 +250,52 @@ static void test_backward_errors_and_accumulation(void **state) {
     ts_tensor_release(z);
 }
 
+/* s = sum(exp(x) * exp(x)) with exp(x) (saved by exp and kept by mul)
+ * written in place before the backward (through write, on a view of its
+ * storage when view is set) after mul: the backward is refused naming the
+ * op, and x gets no gradient (once it silently got the gradient of the new
+ * values). With packing on, the write comes before mul's node is packed
+ * (at the next op), which then keeps the f32 tensor for the check. */
+static void expect_stale(void (*write)(ts_tensor *), bool view, bool pack) {
+    ts_tensor *x = ts_tensor_full(TS_F32, SHAPE(4096), 0.5); /* packable */
+    ts_set_requires_grad(x, true);
+    bool prev = ts_autograd_set_pack_bf16(pack);
+    ts_tensor *y = ts_exp(x), *z = ts_mul(y, y);
+    ts_tensor *part = view ? ts_narrow(y, 0, 1, 1) : ts_tensor_retain(y);
+    write(part);
+    ts_tensor *s = ts_sum_all(z);
+    ts_autograd_set_pack_bf16(prev);
+    assert_int_equal(ts_backward(s, NULL), TS_ERR_STATE);
+    printf("  refused: %s\n", ts_last_error());
+    assert_non_null(strstr(ts_last_error(), "backward of mul: its input 0 [4096] was written in place"));
+    assert_null(x->grad);
+    ts_tensor *tensors[] = {x, y, z, s, part};
+    for (int i = 0; i < 5; i++) ts_tensor_release(tensors[i]);
+}
+
+static void fill_zero(ts_tensor *t) { assert_int_equal(ts_tensor_fill_(t, 0), TS_OK); }
+static void set_first(ts_tensor *t) { ts_tensor_set(t, 0, 7.0); }
+static void add_self(ts_tensor *t) { assert_int_equal(ts_tensor_add_(t, t), TS_OK); }
+
+/* A tensor an op kept for backward and then written in place makes the
+ * backward fail instead of giving a wrong gradient; a write before the op
+ * kept it, or after the backward, is fine. */
+static void test_backward_refuses_tensors_written_in_place(void **state) {
+    (void)state;
+    expect_stale(fill_zero, false, false);
+    expect_stale(set_first, true, false);
+    expect_stale(add_self, false, true);
+    ts_tensor *x = ts_tensor_full(TS_F32, SHAPE(3), 0.5), *c = ts_tensor_ones(TS_F32, SHAPE(3));
+    ts_set_requires_grad(x, true);
+    assert_int_equal(ts_tensor_fill_(c, 2.0), TS_OK); /* before mul keeps it */
+    ts_tensor *m = ts_mul(x, c), *s = ts_sum_all(m);
+    assert_int_equal(ts_backward(s, NULL), TS_OK);
+    assert_true(ts_tensor_get(x->grad, 0) == 2.0);
+    assert_int_equal(ts_tensor_fill_(c, 3.0), TS_OK); /* after the backward */
+    ts_tensor *tensors[] = {x, c, m, s};
+    for (int i = 0; i < 4; i++) ts_tensor_release(tensors[i]);
+}
+
 /* Shapes whose element count or view extent overflows int64 are refused:
  * once they wrapped around to a small storage that the shape far exceeds. */
 static void test_overflowing_shapes_refused(void **state) {
@@ -317,6 +365,7 @@ int main(void) {
         cmocka_unit_test(test_views_share_storage),
         cmocka_unit_test(test_gradcheck_views),
         cmocka_unit_test(test_backward_errors_and_accumulation),
+        cmocka_unit_test(test_backward_refuses_tensors_written_in_place),
         cmocka_unit_test(test_overflowing_shapes_refused),
         cmocka_unit_test(test_null_arguments_refused),
         cmocka_unit_test(test_print_shows_dtype_shape_device_values),
