@@ -26,6 +26,7 @@ ts_status ts_dp_group_open(ts_dp_group *g, ts_strategy *s, const char *what, con
     long long k;
     g->split_at = fault && sscanf(fault, "sums_split@%lld", &k) == 1 && k > 0 ? k : -1;
     g->exit_at = fault && sscanf(fault, "leader_exit@%lld", &k) == 1 && k > 0 ? k : -1;
+    g->save_exit_at = fault && sscanf(fault, "save_exit@%lld", &k) == 1 && k > 0 ? k : -1;
     if (g->mpi_comm) return TS_OK;
     if (!(g->port = ts_ring_port_for_job(o->job, o->key_file, what))) return ts_last_status();
     snprintf(s->address, sizeof s->address, "%s", ts_ring_port_endpoint(g->port));
@@ -323,6 +324,11 @@ ts_status ts_dp_group_fault(ts_dp_group *g) {
     g->split_at = -1;
     return ts_error(TS_ERR_PEER, "%s: TESSERA_FAULT: rank 0 drops its sums of step %lld", g->what,
                     (long long)taken + 1);
+}
+
+void ts_dp_group_save_fault(const ts_dp_group *g) {
+    const ts_group *r = &g->s->group;
+    if (g->s->trainer->step == g->save_exit_at && r->world >= 3 && r->rank == r->world - 1) fault_exit(g);
 }
 
 ts_status ts_dp_group_begin_step(ts_dp_group *g) {

@@ -65,7 +65,7 @@ typedef struct {
      * validation, 2: test), and the least and the most of the new
      * generation's ranks */
     int pass, least_pass, most_pass;
-    int64_t split_at, exit_at; /* TESSERA_FAULT's steps (ts_dp_group_fault), or -1 */
+    int64_t split_at, exit_at, save_exit_at; /* TESSERA_FAULT's steps (ts_dp_group_fault), or -1 */
 } ts_dp_group;
 
 /* Opens the port of o's job (ts_ring_port_for_job, tagged what) and puts
@@ -100,9 +100,16 @@ ts_status ts_dp_group_finish(ts_dp_group *g, ts_comm_req *req);
  *                  group's last rank exits as soon as it took step K (when
  *                  step K + 1 begins): the survivors stand a step apart;
  *   leader_exit@K  rank 0 exits once it took step K, before it logs it
- *                  (at end_step): the others took step K too.
+ *                  (at end_step): the others took step K too;
+ *   save_exit@K    in a group of three or more, the last rank exits once
+ *                  it wrote its part of step K's checkpoint, before the
+ *                  others agree on it (ts_dp_group_save_fault).
  * Called where a step's sums succeeded: rank 0's error for sums_split. */
 ts_status ts_dp_group_fault(ts_dp_group *g);
+
+/* Exits for save_exit@K (see ts_dp_group_fault): called where a rank has
+ * written its part of the checkpoint of the step it took last. */
+void ts_dp_group_save_fault(const ts_dp_group *g);
 
 /* Starts op and finishes it (ts_dp_group_finish). */
 ts_status ts_dp_group_run(ts_dp_group *g, ts_comm_op *op);

@@ -1045,6 +1045,17 @@ static ts_status commit(ts_trainer *t, const char *root, const ts_fsdp_layout *l
     return st;
 }
 
+/* The leader's temp folder of step `step` (named by its pid, owner),
+ * emptied: a save of the step abandoned before (the world changed in it)
+ * left its ranks' files there - shards of the old world, a dead rank's
+ * half-written one - which the commit would keep beside the new shards.
+ * Called before the others learn the folder's name. */
+static ts_status clear_temp_dir(const char *root, int64_t step, long owner) {
+    char tmp[1200];
+    ts_status st = ts_checkpoint_temp_dir(root, step, owner, tmp, sizeof tmp);
+    return st ? st : ts_io_remove_tree(tmp);
+}
+
 /* Every rank writes its shard file into the step's temp folder (named by
  * the leader's pid); once all did, the leader commits the checkpoint. When
  * a collective of the save fails (the world changes under it), the
@@ -1056,11 +1067,12 @@ static ts_status fsdp_save(ts_strategy *s, char *path, size_t cap) {
     char root[1100], tmp[1200] = "";
     snprintf(root, sizeof root, "%s/checkpoints", t->run_dir);
     int64_t owner = s->group.leader ? (int64_t)getpid() : 0;
+    ts_status cleared = s->group.leader ? clear_temp_dir(root, t->step, (long)owner) : TS_OK;
     ts_status lost = ts_dp_group_meet(&f->g, TS_COMM_BROADCAST, &owner, &owner, 1, TS_I64);
     ts_fsdp_layout l = {.world = f->shards, .slots = ts_optim_state_slots(&t->optim), .numel = t->model->numel,
                         .n_units = f->n_units, .units = calloc((size_t)f->n_units + 1, sizeof(ts_range))};
     int64_t *at = calloc((size_t)f->n_units + 1, sizeof *at);
-    ts_status st = l.units && at ? TS_OK : ts_error(TS_ERR_MEMORY, "fsdp: out of memory saving");
+    ts_status st = !l.units || !at ? ts_error(TS_ERR_MEMORY, "fsdp: out of memory saving") : cleared;
     for (int k = 0; !st && k < f->n_units; k++) {
         l.units[k] = (ts_range){f->units[k].lo, f->units[k].len};
         at[k] = f->units[k].at;
@@ -1068,6 +1080,7 @@ static ts_status fsdp_save(ts_strategy *s, char *path, size_t cap) {
     if (!st && !lost) st = ts_checkpoint_temp_dir(root, t->step, (long)owner, tmp, sizeof tmp);
     if (!st && !lost && (f->shards > 1 || s->group.leader))
         st = ts_fsdp_write_shard(tmp, &l, f->me, t->step, f->b.params, f->b.state, f->b.total, at);
+    if (!st && !lost) ts_dp_group_save_fault(&f->g);
     /* everybody's outcome: the leader commits only a complete folder */
     double fails = st != TS_OK;
     if (!lost) lost = ts_dp_group_meet(&f->g, TS_COMM_ALLREDUCE, &fails, &fails, 1, TS_F64);

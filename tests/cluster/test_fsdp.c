@@ -13,8 +13,11 @@
  * model.init_from after a death, and a run resumed from a local run's
  * checkpoint reloads that one; a
  * worker that joins gets its shards from the others; Ctrl-C stops every
- * worker after the same step, saved; a save that fails leaves nothing. Run one scenario by name:
+ * worker after the same step, saved; a save that fails leaves nothing; a
+ * save abandoned when a worker died in it leaves nothing in the checkpoint
+ * of that step saved again. Run one scenario by name:
  * cluster_test_fsdp test_<name>. */
+#include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -532,6 +535,38 @@ static void test_save_fails(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* The last of 3 workers exits once it wrote its shard of step 20's
+ * checkpoint (TESSERA_FAULT save_exit@20): the other two abandon that
+ * save, go back to step 10 and save step 20 again in the same temp folder.
+ * That checkpoint holds their two shards and nothing else: before, the
+ * abandoned save's shard-2 (of the world of 3) was committed beside them. */
+static void test_save_abandoned(void **state) {
+    (void)state;
+    char par[512];
+    fsdp_section(par, sizeof par, 3, ", \"min_workers\": 2");
+    const char *job = th_job_file("fsdp-save-abandoned", "mlp", 30, 16, 1, par);
+    const char *dir = th_path("fsdp-save-abandoned");
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
+    setenv("TESSERA_FAULT", "save_exit@20", 1);
+    th_proc run = th_start("fsdp-save-abandoned", argv);
+    unsetenv("TESSERA_FAULT");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after losing a worker in a save");
+    if (th_count(&run, "checkpoint of step 20 abandoned") < 1) th_dump(&run, "the save of step 20 was not abandoned");
+    char ckpt[4300], files[1024] = "";
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-20", dir);
+    struct dirent **e;
+    int n = scandir(ckpt, &e, NULL, alphasort);
+    assert_true(n >= 0);
+    for (int i = 0; i < n; i++) {
+        if (e[i]->d_name[0] != '.') snprintf(files + strlen(files), sizeof files - strlen(files), " %s", e[i]->d_name);
+        free(e[i]);
+    }
+    free(e);
+    if (strcmp(files, " model.safetensors optim.safetensors shard-0.safetensors shard-1.safetensors state.json") != 0)
+        fail_msg("step 20, saved again by 2 workers, holds:%s", files);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 int main(int argc, char **argv) {
     th_init();
     const struct CMUnitTest tests[] = {
@@ -545,6 +580,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_join_during_move),
         cmocka_unit_test(test_join),
         cmocka_unit_test(test_save_fails),
+        cmocka_unit_test(test_save_abandoned),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
