@@ -84,7 +84,9 @@ static ts_member *join(const ts_worker_options *o, const char *address) {
 }
 
 /* After the last step: waits (up to the heartbeat plus the barrier timeout)
- * for the scheduler's SHUTDOWN and returns its code. */
+ * for the scheduler's SHUTDOWN and returns its code. A failed job's reason
+ * (code 1: a silent scheduler, ranks that did not stop) goes to stderr,
+ * whose last line a launcher gives as the node's error. */
 static int await_shutdown(ts_member *m) {
     ts_member_info info;
     ts_member_info_get(m, &info);
@@ -99,7 +101,7 @@ static int await_shutdown(ts_member *m) {
         }
         ts_sleep_ms(5);
     }
-    printf("shutdown (code %d): %s\n", code, reason);
+    fprintf(code ? stderr : stdout, "shutdown (code %d): %s\n", code, reason);
     ts_member_close(m);
     return code;
 }

@@ -12,7 +12,9 @@
  *
  * Output (stdout): in a job, "joined rank=R generation=G world=W
  * start_step=S" (tessera-run reads it) and at the end "shutdown (code C):
- * REASON"; then the strategy's and the trainer's lines.
+ * REASON" (on stderr when C is not 0, so that tessera-run's failure names
+ * the reason, a silent scheduler among them); then the strategy's and the
+ * trainer's lines.
  */
 #ifndef TS_WORKER_NODE_H
 #define TS_WORKER_NODE_H

@@ -331,6 +331,14 @@ int th_joined_worker(const th_proc *p, int nth, pid_t *pid) {
     return rank;
 }
 
+pid_t th_scheduler_pid(const th_proc *run) {
+    char *text = th_output(run);
+    const char *s = strstr(text, "[run] scheduler is pid ");
+    pid_t pid = s ? (pid_t)atoi(s + strlen("[run] scheduler is pid ")) : -1;
+    free(text);
+    return pid;
+}
+
 /* ---- training jobs ---- */
 
 const char *th_job_file(const char *name, const char *arch, int steps, int batch, int accum, const char *parallel) {

@@ -73,6 +73,10 @@ double th_peak_mib(const char *run_dir);
  * ("[run] worker rank R is pid P"); -1 when there are fewer. */
 int th_joined_worker(const th_proc *p, int nth, pid_t *pid);
 
+/* Pid of the scheduler a tessera-run started ("[run] scheduler is pid P"),
+ * or -1. */
+pid_t th_scheduler_pid(const th_proc *run);
+
 /* Reaps every process re-parented to the test (not the th_proc ones) and
  * returns how many there were, waiting up to 500 ms for stragglers. */
 int th_leftovers(void);

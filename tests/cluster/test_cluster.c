@@ -306,15 +306,6 @@ static void test_stopped_worker(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
-/* Pid of the scheduler tessera-run started ("[run] scheduler is pid P"). */
-static pid_t scheduler_pid(const th_proc *run) {
-    char *text = th_output(run);
-    const char *s = strstr(text, "[run] scheduler is pid ");
-    pid_t pid = s ? (pid_t)atoi(s + strlen("[run] scheduler is pid ")) : -1;
-    free(text);
-    return pid;
-}
-
 /* The scheduler stopped (SIGSTOP) for stall_ms, heartbeat timeout 2 s, while
  * every node keeps heartbeating, then continued: it reads the queued
  * heartbeats before judging anyone and does not count its own stall, so
@@ -328,7 +319,7 @@ static void stall_scheduler(const char *name, int servers, int workers, int stal
     const char *argv[] = {"tessera-run", job, "--run-dir", th_path(run_dir), NULL};
     th_proc run = th_start(name, argv);
     th_expect_output(&run, "] step 5 ", 15000);
-    pid_t sched = scheduler_pid(&run);
+    pid_t sched = th_scheduler_pid(&run);
     assert_true(sched > 0);
     kill(sched, SIGSTOP);
     usleep((useconds_t)stall_ms * 1000);
@@ -361,7 +352,7 @@ static void test_scheduler_killed_run(void **state) {
     const char *argv[] = {"tessera-run", job, "--run-dir", th_path("run-sched-kill"), NULL};
     th_proc run = th_start("sched-kill", argv);
     th_expect_output(&run, "] step 5 ", 15000);
-    pid_t sched = scheduler_pid(&run);
+    pid_t sched = th_scheduler_pid(&run);
     assert_true(sched > 0);
     kill(sched, SIGKILL);
     if (th_wait(&run, 30000) <= 0) th_dump(&run, "tessera-run did not fail when its scheduler was killed");

@@ -9,7 +9,8 @@
  * mid-run trains in step, one whose job file has another model or
  * strategy is refused; a stopped leader, killed and restarted, takes
  * the others' state; Ctrl-C stops both workers after the same step,
- * saved; a final checkpoint that cannot be written fails the job. Run one scenario by name: cluster_test_ddp <name>. */
+ * saved; a final checkpoint that cannot be written fails the job; a
+ * stopped scheduler is given up and named. Run one scenario by name: cluster_test_ddp <name>. */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -289,6 +290,25 @@ static void test_stop_leader(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* SIGSTOP of the scheduler mid-training, never continued: the workers
+ * give it up once it was silent for the allowance of a stopped one (30 s)
+ * and the job fails naming it. Before, the workers said why on stdout only
+ * and the job's reason was "worker 1 exited with status 1" alone. */
+static void test_stop_scheduler(void **state) {
+    (void)state;
+    th_proc run = start_to_step_20("ddp-stop-scheduler", 2, "");
+    pid_t sched = th_scheduler_pid(&run);
+    assert_true(sched > 0);
+    kill(sched, SIGSTOP);
+    if (th_wait(&run, 90000) != 1) th_dump(&run, "tessera-run did not fail with its scheduler stopped");
+    char *text = th_output(&run);
+    const char *last = strstr(text, "[run] job ddp-stop-scheduler failed: ");
+    bool names_it = last && strstr(last, "scheduler tcp://") && strstr(last, " silent for ");
+    free(text);
+    if (!names_it) th_dump(&run, "the job's failure does not name the silent scheduler");
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* The final checkpoint cannot be written (the run folder's "checkpoints"
  * is a file, as a full disk would make it fail): tessera-run exits 1
  * naming the folder. Before, a worker that failed after the scheduler
@@ -465,7 +485,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gpt_4),    cmocka_unit_test(test_mpirun_2),    cmocka_unit_test(test_mpirun_resume),
         cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_stop_leader),
         cmocka_unit_test(test_kill_in_eval), cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_sums_split),
-        cmocka_unit_test(test_final_checkpoint_fails),
+        cmocka_unit_test(test_final_checkpoint_fails), cmocka_unit_test(test_stop_scheduler),
         cmocka_unit_test(test_interrupt), cmocka_unit_test(test_interrupt_rendezvous),
         cmocka_unit_test(test_interrupt_restart),
         cmocka_unit_test(test_join),     cmocka_unit_test(test_join_other_job), cmocka_unit_test(test_bf16),
