@@ -84,6 +84,20 @@ static ts_loader *make_loader(const ts_trainer *t, const ts_group *g) {
     return l;
 }
 
+/* The steps of the job's train.epochs over loader l (its batches per
+ * epoch, at l's world, in steps of train.accum_steps batches); an epoch
+ * too short for one step is an error naming the fields, not a job of no
+ * set length. */
+static ts_status epoch_steps(const ts_job *job, const ts_loader *l, int64_t *steps) {
+    int64_t batches = ts_loader_batches_per_epoch(l);
+    *steps = job->train.epochs * (batches / job->train.accum_steps);
+    if (*steps > 0) return TS_OK;
+    return ts_error(TS_ERR_VALUE, "train.epochs %lld: an epoch of %lld samples gives %lld batches of "
+                    "train.batch_size %lld per worker, fewer than one step of train.accum_steps %d batches",
+                    (long long)job->train.epochs, (long long)ts_loader_length(l), (long long)batches,
+                    (long long)job->train.batch_size, job->train.accum_steps);
+}
+
 /* ---- setup ---- */
 
 /* Optimizer config, schedule and weight-decay groups from the job; the
@@ -172,19 +186,56 @@ static const char *optimizer_text(const ts_job_optimizer *o) {
     return o->kind == TS_JOB_SGD && o->momentum > 0 ? "sgd with momentum" : ts_job_optimizer_name(o->kind);
 }
 
-/* Refuses to resume checkpoint dir with an optimizer whose state is not
- * the one it was trained with (its moments or momentum do not carry over,
- * or would be dropped unsaid). A config that does not parse is not judged. */
-static ts_status same_optimizer(const ts_job *job, const char *dir) {
+/* Refuses a job whose optimizer state is not the one of job `was`, that
+ * trained checkpoint dir (its moments or momentum do not carry over, or
+ * would be dropped unsaid). */
+static ts_status same_optimizer(const ts_job *job, const ts_job *was, const char *dir) {
+    if (state_kind(&was->optimizer) == state_kind(&job->optimizer)) return TS_OK;
+    return ts_error(TS_ERR_VALUE, "optimizer.kind: %s, but checkpoint %s was trained with %s, whose state does not "
+                    "carry over: resume with its optimizer, or start a new run from its weights (model.init_from)",
+                    optimizer_text(&job->optimizer), dir, optimizer_text(&was->optimizer));
+}
+
+/* Refuses a job that orders the training samples otherwise than job
+ * `was`, that trained checkpoint ck (at dir), when ck stopped inside an
+ * epoch: its data position counts the samples of that epoch in the old
+ * order, and the rest of the epoch would repeat some and skip others. */
+static ts_status same_data_order(const ts_job *job, const ts_job *was, const ts_checkpoint *ck, const char *dir) {
+    if (ck->loader.offset == 0) return TS_OK; /* at an epoch's start: nothing of it seen yet */
+    char now[64], then[64];
+    const char *field = NULL;
+    if (job->seed != was->seed) {
+        field = "seed";
+        snprintf(now, sizeof now, "%lld", (long long)job->seed);
+        snprintf(then, sizeof then, "%lld", (long long)was->seed);
+    } else if (job->data.val_fraction != was->data.val_fraction) {
+        field = "data.val_fraction";
+        snprintf(now, sizeof now, "%g", job->data.val_fraction);
+        snprintf(then, sizeof then, "%g", was->data.val_fraction);
+    } else if (job->data.shuffle != was->data.shuffle) {
+        field = "data.shuffle";
+        snprintf(now, sizeof now, "%s", job->data.shuffle ? "true" : "false");
+        snprintf(then, sizeof then, "%s", was->data.shuffle ? "true" : "false");
+    }
+    if (!field) return TS_OK;
+    return ts_error(TS_ERR_VALUE, "%s: %s, but checkpoint %s was trained with %s and stopped inside epoch %lld "
+                    "(%lld samples of it used, in that order): resume with %s %s, or start a new run from its "
+                    "weights (model.init_from)", field, now, dir, then, (long long)ck->loader.epoch,
+                    (long long)ck->loader.offset, field, then);
+}
+
+/* Refuses to resume checkpoint dir with a job its state does not fit:
+ * another optimizer's, or another order of the samples mid-epoch. A
+ * config that does not parse is not judged. */
+static ts_status resumable(const ts_job *job, const char *dir) {
     ts_checkpoint *ck = ts_checkpoint_open(dir);
     if (!ck) return ts_last_status();
     ts_job was;
     ts_status st = TS_OK;
-    if (ck->config && ts_job_parse(ck->config, NULL, 0, &was) == TS_OK &&
-        state_kind(&was.optimizer) != state_kind(&job->optimizer))
-        st = ts_error(TS_ERR_VALUE, "optimizer.kind: %s, but checkpoint %s was trained with %s, whose state does not "
-                      "carry over: resume with its optimizer, or start a new run from its weights (model.init_from)",
-                      optimizer_text(&job->optimizer), dir, optimizer_text(&was.optimizer));
+    if (ck->config && ts_job_parse(ck->config, NULL, 0, &was) == TS_OK) {
+        st = same_optimizer(job, &was, dir);
+        if (!st) st = same_data_order(job, &was, ck, dir);
+    }
     ts_checkpoint_close(ck);
     return st;
 }
@@ -221,9 +272,10 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
         if (!t->loader) st = ts_last_status();
         t->shard = s->group;
     }
-    if (!st) {
-        int64_t per_epoch = ts_loader_batches_per_epoch(t->loader) / job->train.accum_steps;
-        t->total_steps = job->train.epochs > 0 ? job->train.epochs * per_epoch : job->steps;
+    if (!st && job->train.epochs > 0) {
+        st = epoch_steps(job, t->loader, &t->total_steps);
+    } else if (!st) {
+        t->total_steps = job->steps;
         if (t->total_steps < 1 && s->in_job)
             t->total_steps = INT64_MAX; /* a job of no set length runs until the scheduler ends it */
         else if (t->total_steps < 1)
@@ -242,7 +294,7 @@ ts_trainer *ts_trainer_create(const ts_job *job, const char *job_text, const cha
     if (!st) st = hook_params(t);
     if (!st) t->whole = whole_slice(t->model);
     if (!st && run_dir) st = ts_io_make_run_dir(t->run_dir);
-    if (!st && ckpt[0]) st = same_optimizer(job, ckpt);
+    if (!st && ckpt[0]) st = resumable(job, ckpt);
     if (!st && ckpt[0]) st = ts_trainer_load(t, ckpt);
     if (st) {
         ts_trainer_free(t);
@@ -261,7 +313,7 @@ ts_status ts_trainer_steps(const ts_job *job, int64_t *steps) {
     ts_status st = load_data(t);
     if (!st && !(t->loader = make_loader(t, &(ts_group){.rank = 0, .world = ts_strategy_data_world(job)})))
         st = ts_last_status();
-    if (!st) *steps = job->train.epochs * (ts_loader_batches_per_epoch(t->loader) / job->train.accum_steps);
+    if (!st) st = epoch_steps(job, t->loader, steps);
     ts_trainer_free(t);
     return st;
 }

@@ -71,6 +71,12 @@ static int run_prog(const char *prefix, const char *prog, const char *tag, char 
     return code;
 }
 
+/* Resumes the run in dir of job for `steps` steps, with extra flags. */
+static int resume_with(const char *tag, char *log, size_t cap, const char *job, const char *dir, int steps,
+                       const char *extra) {
+    return run(tag, log, cap, "%s --run-dir %s --resume --set steps=%d %s", job, dir, steps, extra);
+}
+
 /* Fails unless log contains needle, printing the log. */
 static void expect_text(const char *log, const char *needle) {
     if (!strstr(log, needle)) fail_msg("expected \"%s\" in:\n%s", needle, log);
@@ -139,19 +145,50 @@ static void test_resume_keeps_each_step_once(void **state) {
 
     /* another optimizer's state does not carry over: refused, naming both;
      * Adam's moments serve AdamW */
-    assert_int_equal(run("metrics-sgd", log, sizeof log, "%s --run-dir %s --resume --set steps=24 "
-                         "--set optimizer.kind=sgd", job, dir), 1);
+    assert_int_equal(resume_with("metrics-sgd", log, sizeof log, job, dir, 24, "--set optimizer.kind=sgd"), 1);
     snprintf(ck, sizeof ck, "optimizer.kind: sgd, but checkpoint %s/checkpoints/step-20 was trained with adamw", dir);
     expect_text(log, ck);
-    assert_int_equal(run("metrics-adam", log, sizeof log, "%s --run-dir %s --resume --set steps=24 "
-                         "--set optimizer.kind=adam", job, dir), 0);
+    assert_int_equal(resume_with("metrics-adam", log, sizeof log, job, dir, 24, "--set optimizer.kind=adam"), 0);
     expect_text(log, "resumed at step 20");
+
+    /* mid-epoch, another order of the samples would repeat some and skip
+     * others: refused, naming the field and both values; another batch
+     * size takes the rest of the epoch as it is */
+    assert_int_equal(resume_with("metrics-seed", log, sizeof log, job, dir, 26, "--set seed=7 --set "
+                                 "optimizer.kind=adam"), 1);
+    char want[700];
+    snprintf(want, sizeof want, "seed: 7, but checkpoint %s/checkpoints/step-24 was trained with 1 and stopped "
+             "inside epoch 0 (1536 samples of it used, in that order)", dir);
+    expect_text(log, want);
+    assert_int_equal(resume_with("metrics-split", log, sizeof log, job, dir, 26, "--set data.val_fraction=0.2 --set "
+                                 "optimizer.kind=adam"), 1);
+    expect_text(log, "data.val_fraction: 0.2, but checkpoint");
+    assert_int_equal(resume_with("metrics-batch", log, sizeof log, job, dir, 26, "--set train.batch_size=32 --set "
+                                 "optimizer.kind=adam"), 0);
+    expect_text(log, "resumed at step 24");
 
     /* --resume in a folder without checkpoints trains from the start, and says so */
     snprintf(dir, sizeof dir, "%s/metrics-none", base);
     assert_int_equal(run("metrics-none", log, sizeof log, MLP_JOB " --set steps=2 --run-dir %s --resume", dir), 0);
     snprintf(ck, sizeof ck, "--resume: no checkpoint in %s/checkpoints: training from the start", dir);
     expect_text(log, ck);
+}
+
+/* train.epochs whose epoch is shorter than one step of train.accum_steps
+ * batches: refused naming the fields, by a local run and by a cluster
+ * (which would otherwise run a job of no set length, never ending). */
+static void test_epoch_shorter_than_a_step(void **state) {
+    (void)state;
+    char log[16384], dir[300];
+    snprintf(dir, sizeof dir, "%s/short-epoch", base);
+    const char *job = MLP_JOB " --set train.epochs=1 --set train.batch_size=20000 --set train.accum_steps=3";
+    const char *want = "train.epochs 1: an epoch of 54000 samples gives 1 batches of train.batch_size 20000 per "
+                       "worker, fewer than one step of train.accum_steps 3 batches";
+    assert_int_equal(run("short-epoch-ps", log, sizeof log, "%s --set parallel.strategy=ps --set parallel.workers=2 "
+                         "--set parallel.servers=1 --run-dir %s", job, dir), 2);
+    expect_text(log, want);
+    assert_int_equal(run("short-epoch-local", log, sizeof log, "%s --run-dir %s", job, dir), 1);
+    expect_text(log, "an epoch of 54000 samples gives 2 batches");
 }
 
 /* data.val_fraction 0 trains on every sample: no validation evaluations,
@@ -367,6 +404,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checkpoint_file_not_regular),
         cmocka_unit_test(test_resume_keeps_each_step_once),
+        cmocka_unit_test(test_epoch_shorter_than_a_step),
         cmocka_unit_test(test_no_validation_part),
         cmocka_unit_test(test_model_too_big),
         cmocka_unit_test(test_messages_name_the_thing),
