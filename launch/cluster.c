@@ -37,6 +37,7 @@ typedef struct {
     ts_child *child;  /* current process, NULL when none */
     int finished;     /* exited with status 0 */
     int joined;       /* its current process said "joined rank=" */
+    int declared_dead; /* the scheduler declared its current process dead ("dead worker 3"): out of the job */
     int node;         /* virtual-cluster node it runs on, -1 this machine */
 } slot;
 
@@ -194,6 +195,7 @@ static void spawn_node(cluster *cl, slot *sl) {
     ts_argv_free(&a);
     sl->child = c;
     sl->joined = 0;
+    sl->declared_dead = 0;
     if (c) {
         char on[32];
         c->user = sl;
@@ -236,16 +238,19 @@ static void scheduler_ready(cluster *cl, const char *endpoint) {
         spawn_node(cl, &cl->workers[i]);
 }
 
-/* The scheduler declared ROLE rank dead ("dead ps 1"): a stopped process
- * of that rank (SIGSTOP) is out of the job for good and would hold its
- * place until the end; it is killed, so that it restarts like one that
- * died. (A restarted process of the rank, already running, is not
- * stopped.) */
-static void end_declared_dead(cluster *cl, const char *role, int rank) {
+/* The scheduler declared ROLE rank dead ("dead ps 1"): the process of
+ * that rank that joined is out of the job for good (a partitioned one
+ * that exits later does not fail the job); a stopped one (SIGSTOP) would
+ * hold its place until the end, and is killed, so that it restarts like
+ * one that died. (A restarted process of the rank, running and not joined
+ * yet, is neither.) */
+static void on_declared_dead(cluster *cl, const char *role, int rank) {
     for (ts_child *c = cl->super.children; c; c = c->next) {
-        if (c->role == TS_ROLE_SCHEDULER || c->rank != rank || strcmp(ts_proto_role_name(c->role), role) != 0 ||
-            !ts_super_stopped(c))
+        slot *sl = c->user;
+        if (c->role == TS_ROLE_SCHEDULER || c->rank != rank || strcmp(ts_proto_role_name(c->role), role) != 0)
             continue;
+        if (sl->joined) sl->declared_dead = 1;
+        if (!ts_super_stopped(c)) continue;
         fprintf(stderr, "[run] the scheduler declared %s %d dead and its process %d is stopped: killing it\n", role,
                 rank, c->proc.pid);
         ts_super_signal(c, SIGKILL);
@@ -262,7 +267,7 @@ static int on_line(ts_child *c, const char *line) {
             strncmp(line, "listening ", 10) == 0)
             scheduler_ready(cl, line + 10);
         else if (sscanf(line, "dead %15s %d", role, &rank) == 2)
-            end_declared_dead(cl, role, rank);
+            on_declared_dead(cl, role, rank);
         else if (strncmp(line, "stopped ", 8) == 0)
             cl->saved = 1;
     } else if (sl) {
@@ -470,7 +475,11 @@ static void on_done(ts_child *c) {
             fail_node(cl, "%s%s", what, reason);
         }
     } else if (!ok && cl->phase == PHASE_DONE && sl->joined && !cl->super.stopping) {
-        note_unfinished(cl, what, reason);
+        if (sl->declared_dead) /* the job went on and ended without it */
+            fprintf(stderr, "[run] %s after the job's last step%s; the scheduler had declared it dead: "
+                            "the job ended without it\n", what, reason);
+        else
+            note_unfinished(cl, what, reason);
     }
     /* the scheduler ended the job, or every node finished: give the rest
      * time to exit by themselves */

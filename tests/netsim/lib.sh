@@ -111,6 +111,15 @@ wait_for() { wait_grep -F "$@"; }
 # Waits up to $3 seconds until a line of file $1 matches the regex $2.
 wait_re() { wait_grep -E "$@"; }
 
+# Prints "RANK PID" of the worker that tessera-run's output $1 places on
+# node $2 ("[run] worker rank 3 is pid 812 on n2"); fails when none is.
+worker_on() {
+    local line
+    line=$(grep "^\[run\] worker rank [0-9]* is pid [0-9]* on $2\$" "$1") ||
+        fail "no worker on $2: $(grep '^\[run\]' "$1")"
+    awk '{print $4, $7}' <<< "$line"
+}
+
 # Starts bench_netsim's server on every node of this test's cluster.
 serve_all() {
     local n i

@@ -15,9 +15,8 @@ TESSERA_NETSIM=$NAME "$BIN/tessera-run" "$SRC/examples/standin.json" --set steps
 run=$!
 out=$TMP/run.out
 wait_for "$out" "] step 20 world 4 " 60
-line=$(grep "^\[run\] worker rank [0-9]* is pid [0-9]* on n3$" "$out") ||
-    fail "no worker on n3: $(grep '^\[run\]' "$out")"
-rank=$(awk '{print $4}' <<< "$line")
+worker=$(worker_on "$out" n3)
+rank=${worker% *}
 echo "worker $rank runs on n3; cutting n3"
 
 t0=$(now_ms)
