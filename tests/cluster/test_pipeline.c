@@ -594,7 +594,8 @@ static void test_kill_after_last_step(void **state) {
     if (th_wait(&run, 60000) != 1) th_dump(&run, "tessera-run did not fail");
     if (th_count(&run, "failed: worker 1 exited with signal 9 after the job's last step") != 1)
         th_dump(&run, "tessera-run did not name the stage that died after the last step");
-    const char *again[] = {"tessera-run", job, "--run-dir", dir, "--resume", NULL};
+    const char *again[] = {"tessera-run", job, "--run-dir", dir, "--set", "train.eval_batches=0",
+                           "--set", "data.val_fraction=0.5", "--resume", NULL};
     th_proc resumed = th_start("pipe-kill-end-resumed", again);
     if (th_wait(&resumed, 90000) != 0) th_dump(&resumed, "the resumed job did not complete");
     if (th_count(&resumed, "eval test at step 12") != 1) th_dump(&resumed, "the resumed job did not evaluate");
