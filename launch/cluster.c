@@ -182,8 +182,14 @@ static void spawn_node(cluster *cl, slot *sl) {
     if (sl->node >= 0) /* it binds its own node's address */
         ts_argv_pushf(&a, "--set=parallel.bind=%s", cl->netsim->addr[sl->node]);
     if (sl->rank >= 0) ts_argv_pushf(&a, "--rank=%d", sl->rank);
-    /* a restarted ps, or every worker of a restarted pipeline, takes its checkpoint */
-    if (cl->o->resume || (sl->role == TS_ROLE_PS && sl->rank >= 0) || (sl->role == TS_ROLE_WORKER && cl->resume_workers))
+    /* a restarted ps, a restarted worker of an all-reduce job (a group that
+     * lives on hands it the state it trained to; with none left alive, it
+     * goes on from the newest checkpoint instead of from the first step) and
+     * every worker of a restarted pipeline take their checkpoint */
+    int strategy = cl->o->job.parallel.strategy, restarted = sl->rank >= 0;
+    int all_reduce = strategy == TS_STRATEGY_DDP || strategy == TS_STRATEGY_FSDP;
+    if (cl->o->resume || (sl->role == TS_ROLE_PS && restarted) ||
+        (sl->role == TS_ROLE_WORKER && (cl->resume_workers || (restarted && all_reduce))))
         ts_argv_push(&a, "--resume");
     ts_child *c = NULL;
     if (ts_argv_ok(&a)) {

@@ -290,6 +290,36 @@ static void test_stop_leader(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* kill -9 of both workers at once, with restarts to spend: tessera-run
+ * starts them again and, with no live worker to take the state from, they
+ * go on from the newest checkpoint. Before, they started from fresh
+ * parameters at the first step, and the job "completed" having thrown
+ * away every step before the kill and rewritten its checkpoints. */
+static void test_kill_all_workers(void **state) {
+    (void)state;
+    const char *name = "ddp-kill-all", *dir = th_path(name);
+    const char *job = job_file(name, "mlp", FAILURE_STEPS, 32, "ddp", 2, "\"max_restarts\": 2");
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, "--set", "train.checkpoint_every=400", NULL};
+    th_proc run = th_start(name, argv);
+    if (th_wait_count(&run, "joined rank=", 2, 60000) != 0) dump(&run, "not every worker joined");
+    char at[32];
+    snprintf(at, sizeof at, "step 900/%d", FAILURE_STEPS);
+    if (th_wait_for(&run, at, 60000) != 0) dump(&run, "no step 900");
+    pid_t pid[2] = {-1, -1};
+    for (int i = 0; i < 2; i++) assert_true(th_joined_worker(&run, i, &pid[i]) >= 0);
+    kill(pid[0], SIGKILL);
+    kill(pid[1], SIGKILL);
+    if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0 after losing both workers");
+    char *text = th_output(&run);
+    const char *resumed = strstr(text, "resumed at step ");
+    long long step = resumed ? atoll(resumed + 16) : 0;
+    free(text);
+    if (step < 800) dump(&run, "the restarted workers did not go on from the checkpoint of step 800 or later");
+    th_expect_steps_once(dir, FAILURE_STEPS);
+    expect_final_accuracy("ddp-kill-all-eval", dir, FAILURE_STEPS);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* SIGSTOP of the scheduler mid-training, never continued: the workers
  * give it up once it was silent for the allowance of a stopped one (30 s)
  * and the job fails naming it. Before, the workers said why on stdout only
@@ -486,6 +516,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_stop_leader),
         cmocka_unit_test(test_kill_in_eval), cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_sums_split),
         cmocka_unit_test(test_final_checkpoint_fails), cmocka_unit_test(test_stop_scheduler),
+        cmocka_unit_test(test_kill_all_workers),
         cmocka_unit_test(test_interrupt), cmocka_unit_test(test_interrupt_rendezvous),
         cmocka_unit_test(test_interrupt_restart),
         cmocka_unit_test(test_join),     cmocka_unit_test(test_join_other_job), cmocka_unit_test(test_bf16),
