@@ -935,7 +935,8 @@ int ts_ps_run(const ts_ps_options *o) {
     }
     ts_zloop_start(&sv.zl);
     uv_run(&sv.loop, UV_RUN_DEFAULT);
-    printf("shutdown (code %d): %s\n", sv.code, sv.reason);
+    /* a failed job's reason on stderr, whose last line a launcher gives as the node's error */
+    fprintf(sv.code ? stderr : stdout, "shutdown (code %d): %s\n", sv.code, sv.reason);
     printf("shard %d: %llu requests handled, %llu refused, step %lld, %lld updates\n", sv.shard,
            (unsigned long long)sv.handled, (unsigned long long)(sv.bad + ts_shard_refused(sv.sh)),
            (long long)ts_shard_step(sv.sh), (long long)ts_shard_updates(sv.sh));
