@@ -37,7 +37,7 @@ typedef struct {
     char caps[TS_PROTO_CAPS_MAX + 1];
     uint64_t last_seen_ms;
     int64_t last_step;          /* -1 none */
-    uint64_t step_generation;   /* the generation last_step was reported in */
+    uint64_t step_generation;   /* the generation last_step was reported in (a joiner: the one before it) */
     int64_t last_barrier;       /* -1 none */
     uint64_t joined_generation;
     uint64_t join_order;

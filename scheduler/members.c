@@ -174,7 +174,9 @@ static void admit(ts_sched *s, sched_node *n, int64_t step)
     n->joined_generation = s->generation;
     n->last_seen_ms = sched_now_ms(s);
     n->last_step = n->role == TS_ROLE_WORKER ? step : -1;
-    n->step_generation = s->generation;
+    /* the step is the group's, reported before this generation: the
+     * joiner may go back with the group in this one (to a checkpoint) */
+    n->step_generation = s->generation - 1;
     n->last_barrier = -1;
     ts_sched_log(TS_SCHED_INFO, "generation %llu: %s rank %d admitted (address '%s', caps '%s'%s)",
                  (unsigned long long)s->generation, ts_proto_role_name(n->role), n->rank,

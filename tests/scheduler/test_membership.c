@@ -217,6 +217,60 @@ static void elastic_join_waits_for_step_boundary(void **state)
     assert_int_equal(th_stop(&s), 0);
 }
 
+/* Polls STATUS until every worker of the roster reports last step
+ * `step`; whether they did within timeout_ms. */
+static bool workers_at(const th_sched *s, int64_t step, int timeout_ms)
+{
+    long long deadline = th_now_ms() + timeout_ms;
+    while (th_now_ms() < deadline) {
+        ts_proto_msg st;
+        if (ts_member_status_query(s->endpoint, s->key, 1000, &st) == TS_OK) {
+            bool all = st.nroster > 0;
+            for (size_t i = 0; all && i < st.nroster; i++)
+                all = st.roster[i].role != TS_ROLE_WORKER || st.roster[i].last_step == step;
+            ts_proto_msg_free(&st);
+            if (all)
+                return true;
+        }
+        usleep(20000);
+    }
+    return false;
+}
+
+/* A worker admitted at step 5 whose group then goes back to a checkpoint
+ * (a lost fsdp shard) in the generation that admitted it takes the earlier
+ * steps with the others. Before, the scheduler held the joiner at the step
+ * it was admitted at in that generation and refused each of its earlier
+ * steps as going back. */
+static void joiner_goes_back_with_the_group(void **state)
+{
+    (void)state;
+    th_sched s;
+    th_start(&s, "--min-workers", "2", "--max-workers", "3", "--heartbeat-ms", "50",
+             "--heartbeat-timeout-ms", "2000", NULL);
+    ts_proto_role roles[2] = {TS_ROLE_WORKER, TS_ROLE_WORKER};
+    ts_member *m[3];
+    th_join_many(&s, roles, 2, m);
+    for (int step = 1; step <= 5; step++)
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(ts_member_step_done(m[i], step), TS_OK);
+    assert_true(workers_at(&s, 5, 3000));
+    m[2] = th_join(&s, TS_ROLE_WORKER, -1, 5000);
+    assert_non_null(m[2]);
+    ts_member_info info;
+    ts_member_info_get(m[2], &info);
+    assert_int_equal(info.start_step, 5);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(wait_generation(m[i], 1, 2000, NULL, NULL), info.generation);
+    for (int i = 0; i < 3; i++) /* back to the checkpoint of step 2 */
+        assert_int_equal(ts_member_step_done(m[i], 3), TS_OK);
+    if (!workers_at(&s, 3, 3000))
+        fail_msg("the joiner's step 3 was not taken (goes back: %d)", th_log_contains(&s, "goes back"));
+    for (int i = 0; i < 3; i++)
+        ts_member_leave(m[i], NULL);
+    assert_int_equal(th_stop(&s), 0);
+}
+
 static void job_ends_when_workers_finish(void **state)
 {
     (void)state;
@@ -457,6 +511,7 @@ int main(void)
         cmocka_unit_test(rendezvous_two_servers_four_workers),
         cmocka_unit_test(silent_member_declared_dead_then_rejoins),
         cmocka_unit_test(elastic_join_waits_for_step_boundary),
+        cmocka_unit_test(joiner_goes_back_with_the_group),
         cmocka_unit_test(job_ends_when_workers_finish),
         cmocka_unit_test(signal_stops_workers_together),
         cmocka_unit_test(second_signal_shuts_down),
