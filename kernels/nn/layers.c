@@ -78,6 +78,10 @@ static ts_tensor *layernorm_forward(ts_module *mod, ts_tensor *x) {
 static const ts_module_ops layernorm_ops = {"LayerNorm", layernorm_forward, NULL};
 
 ts_module *ts_layernorm_new(ts_model *m, const ts_module *parent, const char *name, int64_t dim, double eps) {
+    if (!(eps > 0) || isinf(eps)) {
+        ts_error(TS_ERR_VALUE, "LayerNorm %s: eps = %g must be finite and > 0", name, eps);
+        return NULL;
+    }
     ts_module *mod = ts_module_new(m, &layernorm_ops, parent, name);
     if (!mod) return NULL;
     mod->fargs[0] = eps;

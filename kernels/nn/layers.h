@@ -20,7 +20,8 @@ ts_module *ts_linear_new(ts_model *m, const ts_module *parent, const char *name,
 ts_module *ts_embedding_new(ts_model *m, const ts_module *parent, const char *name, int64_t num, int64_t dim,
                             double std);
 
-/* LayerNorm over the last dim of size dim, weight ones, bias zeros. */
+/* LayerNorm over the last dim of size dim, weight ones, bias zeros; eps
+ * finite and > 0. */
 ts_module *ts_layernorm_new(ts_model *m, const ts_module *parent, const char *name, int64_t dim, double eps);
 
 /* Dropout with probability p, active in training mode only. */

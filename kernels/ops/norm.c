@@ -48,8 +48,8 @@ ts_tensor *ts_layernorm(ts_tensor *x, ts_tensor *weight, ts_tensor *bias, double
     }
     int64_t D = x->shape[x->ndim - 1], R = D ? ts_tensor_numel(x) / D : 0;
     if (check_param("weight", weight, x, D) || check_param("bias", bias, x, D)) return NULL;
-    if (!(eps >= 0) || isinf(eps)) {
-        ts_error(TS_ERR_VALUE, "layernorm: eps %g must be finite and >= 0", eps);
+    if (!(eps > 0) || isinf(eps)) { /* eps 0 turns a constant row into NaN */
+        ts_error(TS_ERR_VALUE, "layernorm: eps %g must be finite and > 0", eps);
         return NULL;
     }
     const ts_backend *be = ts_backend_for("layernorm", 3, (ts_tensor *[]){x, weight, bias});

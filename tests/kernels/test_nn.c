@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "kernels/autograd.h"
+#include "kernels/nn/layers.h"
 #include "kernels/nn/models.h"
 #include "kernels/nn/module.h"
 #include "kernels/ops/loss.h"
@@ -256,6 +257,10 @@ static void test_bad_inputs(void **state) {
     assert_null(ts_model_build(&g, 0, -1, ts_key_from_seed(1), TS_F32));
     assert_non_null(strstr(ts_last_error(), "not divisible by n_head 3"));
     ts_model_free(m);
+    ts_model *lm = ts_model_new(); /* refused when built, not at its first forward */
+    assert_null(ts_layernorm_new(lm, NULL, "ln", 4, 0));
+    assert_non_null(strstr(ts_last_error(), "LayerNorm ln: eps = 0 must be finite and > 0"));
+    ts_model_free(lm);
 }
 
 /* ---- gradcheck through a transformer block and the CNN (f64) ---- */

@@ -94,7 +94,11 @@ static void test_errors(void **state) {
     assert_null(ts_layernorm(x, NULL, w64, 1e-5));
     assert_non_null(strstr(ts_last_error(), "layernorm: bias has dtype f64"));
     assert_null(ts_layernorm(x, NULL, NULL, -1));
-    assert_non_null(strstr(ts_last_error(), "eps"));
+    assert_non_null(strstr(ts_last_error(), "layernorm: eps -1 must be finite and > 0"));
+    /* eps 0 was taken: a constant row (x is zeros) then has rstd = inf and
+     * normalises to NaN */
+    assert_null(ts_layernorm(x, NULL, NULL, 0));
+    assert_non_null(strstr(ts_last_error(), "layernorm: eps 0 must be finite and > 0"));
     ts_tensor *s = ts_tensor_scalar(TS_F32, 1);
     assert_null(ts_layernorm(s, NULL, NULL, 1e-5));
     assert_non_null(strstr(ts_last_error(), "at least one dim"));
