@@ -522,6 +522,7 @@ ts_status ts_backward(ts_tensor *t, ts_tensor *grad) {
     if (!t) return ts_error(TS_ERR_VALUE, "backward: tensor is NULL");
     if (!t->requires_grad)
         return ts_error(TS_ERR_STATE, "backward: tensor of shape %s does not require grad", ts_shape_str(t));
+    if (grad && ts_check_arg("backward", "gradient", grad, TS_MASK(t->dtype))) return ts_last_status();
     if (grad && !ts_tensor_same_shape(grad, t))
         return ts_error(TS_ERR_SHAPE, "backward: gradient %s does not match tensor %s", ts_shape_str(grad),
                         ts_shape_str(t));

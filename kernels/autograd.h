@@ -138,7 +138,7 @@ void ts_node_retain(ts_node *node);
 void ts_node_release(ts_node *node);
 
 /* Backpropagates from t. With grad NULL, t must hold one element (grad 1);
- * else grad has t's shape. Fails if t does not require grad, or its graph
+ * else grad has t's shape and dtype. Fails if t does not require grad, or its graph
  * was already consumed by an earlier backward. Once the pass has added the
  * last of its gradients into a leaf's .grad, the leaf's grad_hook
  * (tensor.h) runs, once per pass; the first hook that fails stops the

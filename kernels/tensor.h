@@ -254,5 +254,6 @@ ts_status ts_check_tensor(const char *op, const char *arg, const ts_tensor *t, u
 #define TS_MASK(dt) (1u << (dt))
 #define TS_FLOATS (TS_MASK(TS_F32) | TS_MASK(TS_F64))
 #define TS_INTS (TS_MASK(TS_I32) | TS_MASK(TS_I64))
+#define TS_ANY_DTYPE ((1u << TS_NDTYPES) - 1)
 
 #endif

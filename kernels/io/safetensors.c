@@ -18,7 +18,6 @@
 #endif
 
 #define MAX_HEADER (100u << 20) /* the format's own limit on the JSON header */
-#define ALL_DTYPES (TS_FLOATS | TS_MASK(TS_BF16) | TS_INTS | TS_MASK(TS_U8))
 
 static const char *const dtype_strs[TS_SAFETENSORS_NDTYPES] = {
     [TS_F32] = "F32", [TS_F64] = "F64", [TS_BF16] = "BF16", [TS_I32] = "I32",
@@ -72,7 +71,7 @@ static ts_status check_write_args(const char *path, int n, const char *const *na
             if (strcmp(names[i], names[j]) == 0)
                 return ts_error(TS_ERR_VALUE, "safetensors write %s: name '%s' given twice", path, names[i]);
         if (!tensors[i]) return ts_error(TS_ERR_VALUE, "safetensors write %s: tensor '%s' is NULL", path, names[i]);
-        ts_status s = ts_check_arg("safetensors write", names[i], tensors[i], ALL_DTYPES);
+        ts_status s = ts_check_arg("safetensors write", names[i], tensors[i], TS_ANY_DTYPE);
         if (s) return s;
     }
     for (int i = 0; i < nmeta; i++)
@@ -434,7 +433,7 @@ ts_status ts_safetensors_load_into(const ts_safetensors *st, int n, const char *
         if (k < 0) return ts_error(TS_ERR_VALUE, "safetensors %s: no tensor named '%s'", st->path, names[i]);
         const ts_safetensors_entry *e = &st->entries[k];
         const ts_tensor *t = tensors[i];
-        ts_status s = ts_check_arg("safetensors load", names[i], t, ALL_DTYPES);
+        ts_status s = ts_check_arg("safetensors load", names[i], t, TS_ANY_DTYPE);
         if (s) return s;
         if (e->ndim != t->ndim || memcmp(e->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim) != 0)
             return ts_error(TS_ERR_SHAPE, "safetensors %s: tensor '%s' has shape %s in the file but %s in the model",

@@ -10,8 +10,6 @@
 #include "kernels/ops/elementwise.h"
 #include "kernels/ops/view.h"
 
-#define ALL_DTYPES ((1u << TS_NDTYPES) - 1)
-
 /* ---- where ---- */
 
 /* gradient of a: g where the mask holds, else 0; of b the other way. */
@@ -106,7 +104,7 @@ static ts_status check_same(const char *op, int n, ts_tensor *const *t, int dim)
     for (int i = 0; i < n; i++) {
         char arg[32];
         snprintf(arg, sizeof arg, "tensors[%d]", i);
-        if (ts_check_arg(op, arg, t[i], ALL_DTYPES)) return ts_last_status();
+        if (ts_check_arg(op, arg, t[i], TS_ANY_DTYPE)) return ts_last_status();
         if (t[i]->dtype != t[0]->dtype)
             return ts_error(TS_ERR_DTYPE, "%s: tensors[%d] has dtype %s but tensors[0] has %s", op, i,
                             ts_dtype_name(t[i]->dtype), ts_dtype_name(t[0]->dtype));
@@ -124,10 +122,11 @@ static ts_status check_same(const char *op, int n, ts_tensor *const *t, int dim)
 }
 
 ts_tensor *ts_concat(int n, ts_tensor *const *t, int dim) {
-    if (n < 1 || !t || !t[0]) {
+    if (n < 1 || !t) {
         ts_error(TS_ERR_VALUE, "concat: needs at least one tensor (got %d)", n);
         return NULL;
     }
+    if (ts_check_arg("concat", "tensors[0]", t[0], TS_ANY_DTYPE)) return NULL;
     int d = ts_dim_index(dim, t[0]->ndim);
     if (d < 0) {
         ts_error(TS_ERR_SHAPE, "concat: dim %d out of range for %s", dim, ts_shape_str(t[0]));
@@ -162,7 +161,7 @@ ts_tensor *ts_concat(int n, ts_tensor *const *t, int dim) {
 
 ts_status ts_split(ts_tensor *x, int dim, int n, const int64_t *sizes, ts_tensor **out) {
     if (!out) return ts_error(TS_ERR_VALUE, "split: out array is NULL");
-    if (ts_check_arg("split", "input", x, ALL_DTYPES)) return ts_last_status();
+    if (ts_check_arg("split", "input", x, TS_ANY_DTYPE)) return ts_last_status();
     for (int i = 0; i < n; i++) out[i] = NULL;
     int d = ts_dim_index(dim, x->ndim);
     if (d < 0) return ts_error(TS_ERR_SHAPE, "split: dim %d out of range for %s", dim, ts_shape_str(x));

@@ -5,6 +5,20 @@
 
 #include "kernels/autograd.h"
 
+/* Checks op's input x is a tensor (any dtype) and, when ndim > 0, that the
+ * array giving its new geometry (named what) is there. */
+static bool bad_args(const char *op, const ts_tensor *x, int ndim, const void *array, const char *what) {
+    if (ts_check_arg(op, "x", x, TS_ANY_DTYPE)) return true;
+    if (ndim > 0 && !array) {
+        ts_error(TS_ERR_VALUE, "%s: %s is NULL for %d dims (x %s)", op, what, ndim, ts_shape_str(x));
+        return true;
+    }
+    return false;
+}
+
+/* Checks op's input x is a tensor (any dtype). */
+static bool bad_input(const char *op, const ts_tensor *x) { return bad_args(op, x, 0, NULL, NULL); }
+
 /* A view of x with the given geometry (shares storage; no history). */
 static ts_tensor *raw_view(ts_tensor *x, int64_t offset, int ndim, const int64_t *shape, const int64_t *strides) {
     return ts_tensor_from_storage(x->storage, x->dtype, offset, ndim, shape, strides);
@@ -58,6 +72,7 @@ static bool view_strides(const ts_tensor *x, int ndim, const int64_t *shape, int
 }
 
 ts_tensor *ts_reshape(ts_tensor *x, int ndim, const int64_t *shape) {
+    if (bad_args("reshape", x, ndim, shape, "shape")) return NULL;
     if (ndim < 0 || ndim > TS_MAX_DIMS) {
         ts_error(TS_ERR_SHAPE, "reshape: %d dims is outside 0..%d", ndim, TS_MAX_DIMS);
         return NULL;
@@ -95,6 +110,7 @@ bad:
 }
 
 ts_tensor *ts_flatten(ts_tensor *x, int start, int end) {
+    if (bad_input("flatten", x)) return NULL;
     int s = ts_dim_index(start, x->ndim), e = ts_dim_index(end, x->ndim);
     if (x->ndim == 0) return ts_reshape(x, 1, (int64_t[]){1});
     if (s < 0 || e < 0 || s > e) {
@@ -121,6 +137,7 @@ static ts_status permute_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
 }
 
 ts_tensor *ts_permute(ts_tensor *x, const int *perm) {
+    if (bad_args("permute", x, x ? x->ndim : 0, perm, "perm")) return NULL;
     int64_t shape[TS_MAX_DIMS], strides[TS_MAX_DIMS];
     bool seen[TS_MAX_DIMS] = {false};
     for (int d = 0; d < x->ndim; d++) {
@@ -143,6 +160,7 @@ ts_tensor *ts_permute(ts_tensor *x, const int *perm) {
 }
 
 ts_tensor *ts_transpose(ts_tensor *x, int d0, int d1) {
+    if (bad_input("transpose", x)) return NULL;
     int a = ts_dim_index(d0, x->ndim), b = ts_dim_index(d1, x->ndim);
     if (a < 0 || b < 0) {
         ts_error(TS_ERR_SHAPE, "transpose: dims %d, %d out of range for %s", d0, d1, ts_shape_str(x));
@@ -166,6 +184,7 @@ static ts_status narrow_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
 }
 
 ts_tensor *ts_narrow(ts_tensor *x, int dim, int64_t start, int64_t len) {
+    if (bad_input("narrow", x)) return NULL;
     int d = ts_dim_index(dim, x->ndim);
     if (d < 0) {
         ts_error(TS_ERR_SHAPE, "narrow: dim %d out of range for %s", dim, ts_shape_str(x));
@@ -199,6 +218,7 @@ static ts_status expand_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
 }
 
 ts_tensor *ts_expand(ts_tensor *x, int ndim, const int64_t *shape) {
+    if (bad_args("expand", x, ndim, shape, "shape")) return NULL;
     int lead = ndim - x->ndim;
     if (lead < 0 || ndim > TS_MAX_DIMS) goto bad;
     int64_t strides[TS_MAX_DIMS], want[TS_MAX_DIMS];
@@ -226,6 +246,7 @@ bad:
 }
 
 ts_tensor *ts_squeeze(ts_tensor *x, int dim) {
+    if (bad_input("squeeze", x)) return NULL;
     int d = ts_dim_index(dim, x->ndim);
     if (d < 0 || x->shape[d] != 1) {
         ts_error(TS_ERR_SHAPE, d < 0 ? "squeeze: dim %d out of range for %s" : "squeeze: dim %d of %s is not of size 1",
@@ -240,6 +261,7 @@ ts_tensor *ts_squeeze(ts_tensor *x, int dim) {
 }
 
 ts_tensor *ts_unsqueeze(ts_tensor *x, int dim) {
+    if (bad_input("unsqueeze", x)) return NULL;
     int d = dim < 0 ? dim + x->ndim + 1 : dim;
     if (d < 0 || d > x->ndim || x->ndim == TS_MAX_DIMS) {
         if (x->ndim == TS_MAX_DIMS)
@@ -276,18 +298,20 @@ static ts_tensor *copy_op(ts_tensor *x, ts_dtype dt, const char *op) {
 }
 
 ts_tensor *ts_contiguous(ts_tensor *x) {
+    if (bad_input("contiguous", x)) return NULL;
     if (ts_tensor_is_contiguous(x)) return ts_tensor_retain(x);
     return copy_op(x, x->dtype, "contiguous");
 }
 
-ts_tensor *ts_clone(ts_tensor *x) { return copy_op(x, x->dtype, "clone"); }
+ts_tensor *ts_clone(ts_tensor *x) { return bad_input("clone", x) ? NULL : copy_op(x, x->dtype, "clone"); }
 
 ts_tensor *ts_to_dtype(ts_tensor *x, ts_dtype dt) {
+    if (bad_input("to_dtype", x)) return NULL;
     if (x->dtype == dt && ts_tensor_is_contiguous(x)) return ts_tensor_retain(x);
     return copy_op(x, dt, "to_dtype");
 }
 
-ts_tensor *ts_detach(ts_tensor *x) { return ts_tensor_alias(x); }
+ts_tensor *ts_detach(ts_tensor *x) { return bad_input("detach", x) ? NULL : ts_tensor_alias(x); }
 
 /* The gradient goes back to the input's device (iargs 0, 1). */
 static ts_status to_device_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
@@ -296,6 +320,7 @@ static ts_status to_device_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
 }
 
 ts_tensor *ts_to_device(ts_tensor *x, ts_device d) {
+    if (bad_input("to_device", x)) return NULL;
     ts_device from = ts_tensor_device(x);
     if (ts_device_equal(from, d)) return ts_contiguous(x);
     ts_tensor *out = ts_tensor_to(x, d);

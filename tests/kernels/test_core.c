@@ -11,6 +11,7 @@
 #include "kernels/autograd.h"
 #include "kernels/ops/elementwise.h"
 #include "kernels/ops/reduce.h"
+#include "kernels/ops/select.h"
 #include "kernels/ops/view.h"
 #include "../test_util.h"
 #include "kernels/tensor.h"
@@ -337,6 +338,63 @@ static void test_null_arguments_refused(void **state) {
     ts_tensor_release(e);
 }
 
+/* Expects call to return NULL with an error containing want. */
+#define REFUSED(call, want)                                  \
+    do {                                                     \
+        ts_clear_error();                                    \
+        assert_null(call);                                   \
+        assert_non_null(strstr(ts_last_error(), want));      \
+    } while (0)
+
+/* Every view and copy op, and the ops built on them, refuse a NULL tensor
+ * (or shape / permutation array) naming the op and the argument: once they
+ * read x->ndim of the NULL and crashed. */
+static void test_view_ops_refuse_null(void **state) {
+    (void)state;
+    ts_tensor *x = ts_tensor_zeros(TS_F32, SHAPE(2, 3));
+    REFUSED(ts_reshape(NULL, SHAPE(6)), "reshape: x is NULL");
+    REFUSED(ts_reshape(x, 2, NULL), "reshape: shape is NULL for 2 dims");
+    REFUSED(ts_flatten(NULL, 0, -1), "flatten: x is NULL");
+    REFUSED(ts_permute(NULL, (int[]){1, 0}), "permute: x is NULL");
+    REFUSED(ts_permute(x, NULL), "permute: perm is NULL for 2 dims (x [2,3])");
+    REFUSED(ts_transpose(NULL, 0, 1), "transpose: x is NULL");
+    REFUSED(ts_narrow(NULL, 0, 0, 1), "narrow: x is NULL");
+    REFUSED(ts_expand(NULL, SHAPE(2, 3)), "expand: x is NULL");
+    REFUSED(ts_expand(x, 2, NULL), "expand: shape is NULL for 2 dims");
+    REFUSED(ts_squeeze(NULL, 0), "squeeze: x is NULL");
+    REFUSED(ts_unsqueeze(NULL, 0), "unsqueeze: x is NULL");
+    REFUSED(ts_contiguous(NULL), "contiguous: x is NULL");
+    REFUSED(ts_clone(NULL), "clone: x is NULL");
+    REFUSED(ts_to_dtype(NULL, TS_F64), "to_dtype: x is NULL");
+    REFUSED(ts_detach(NULL), "detach: x is NULL");
+    REFUSED(ts_to_device(NULL, TS_CPU), "to_device: x is NULL");
+    REFUSED(ts_concat(2, (ts_tensor *[]){NULL, x}, 0), "concat: tensors[0] is NULL");
+    REFUSED(ts_concat(2, (ts_tensor *[]){x, NULL}, 0), "concat: tensors[1] is NULL");
+    REFUSED(ts_add(x, NULL), "add: b is NULL");
+    REFUSED(ts_sum_all(NULL), "sum: input is NULL");
+    ts_tensor_release(x);
+}
+
+/* A gradient given to backward must have the output's dtype (as in
+ * PyTorch): an f64 gradient for an f32 output was once taken without a
+ * word. */
+static void test_backward_refuses_gradient_of_other_dtype(void **state) {
+    (void)state;
+    ts_tensor *x = ts_tensor_ones(TS_F32, SHAPE(3));
+    ts_set_requires_grad(x, true);
+    ts_tensor *y = ts_mul_scalar(x, 2.0), *g64 = ts_tensor_ones(TS_F64, SHAPE(3));
+    assert_int_equal(ts_backward(y, g64), TS_ERR_DTYPE);
+    assert_non_null(strstr(ts_last_error(), "backward: gradient has dtype f64 (shape [3]), expected f32"));
+    assert_null(x->grad);
+    assert_int_equal(ts_backward(x, g64), TS_ERR_DTYPE); /* a leaf too */
+    assert_null(x->grad);
+    ts_tensor *g = ts_tensor_ones(TS_F32, SHAPE(3));
+    assert_int_equal(ts_backward(y, g), TS_OK);
+    assert_true(ts_tensor_get(x->grad, 2) == 2.0);
+    ts_tensor *all[] = {x, y, g64, g};
+    for (int i = 0; i < 4; i++) ts_tensor_release(all[i]);
+}
+
 static void test_print_shows_dtype_shape_device_values(void **state) {
     (void)state;
     ts_tensor *small = ts_tensor_arange(TS_F32, 0, 4, 1);
@@ -368,6 +426,8 @@ int main(void) {
         cmocka_unit_test(test_backward_refuses_tensors_written_in_place),
         cmocka_unit_test(test_overflowing_shapes_refused),
         cmocka_unit_test(test_null_arguments_refused),
+        cmocka_unit_test(test_view_ops_refuse_null),
+        cmocka_unit_test(test_backward_refuses_gradient_of_other_dtype),
         cmocka_unit_test(test_print_shows_dtype_shape_device_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
