@@ -59,7 +59,17 @@ struct ts_generator {
 
 ts_generator *ts_generator_new(ts_model *m, int64_t block_size, const char *prompt, int n, double temperature,
                                int top_k, ts_key key) {
+    if (!m || !prompt) {
+        ts_error(TS_ERR_VALUE, "generate: the %s is NULL", m ? "prompt" : "model");
+        return NULL;
+    }
     size_t plen = strlen(prompt);
+    if (block_size < 1 || top_k < 0) { /* a step samples from its last position */
+        ts_error(TS_ERR_VALUE, block_size < 1 ? "generate: block_size %lld must be at least 1"
+                                              : "generate: top_k %lld must be >= 0 (0: all bytes)",
+                 (long long)(block_size < 1 ? block_size : top_k));
+        return NULL;
+    }
     if (!(temperature > 0)) {
         ts_error(TS_ERR_VALUE, "generate: temperature %g must be positive", temperature);
         return NULL;
@@ -119,10 +129,13 @@ ts_status ts_generator_next(ts_generator *g, char *c, bool *done) {
 
 ts_status ts_generate(ts_model *m, int64_t block_size, const char *prompt, int n, double temperature, int top_k,
                       ts_key key, char *out, size_t cap) {
-    size_t plen = strlen(prompt);
-    if (plen + (size_t)n + 1 > cap) return ts_error(TS_ERR_VALUE, "generate: %zu + %d bytes do not fit", plen, n);
     ts_generator *g = ts_generator_new(m, block_size, prompt, n, temperature, top_k, key);
     if (!g) return ts_last_status();
+    size_t plen = g->len;
+    if (plen + (size_t)n + 1 > cap) {
+        ts_generator_free(g);
+        return ts_error(TS_ERR_VALUE, "generate: %zu + %d bytes do not fit in %zu", plen, n, cap);
+    }
     memcpy(out, prompt, plen + 1);
     ts_status st = TS_OK;
     char c;

@@ -17,7 +17,8 @@
 
 typedef struct ts_generator ts_generator;
 
-/* A generator of n bytes after prompt (non-empty) from m; temperature > 0.
+/* A generator of n bytes after prompt (non-empty) from m; block_size >= 1,
+ * temperature > 0, top_k >= 0.
  * m is used only inside ts_generator_next and must outlive the generator. */
 ts_generator *ts_generator_new(ts_model *m, int64_t block_size, const char *prompt, int n, double temperature,
                                int top_k, ts_key key);

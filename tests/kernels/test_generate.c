@@ -1,5 +1,6 @@
 /* test_generate.c - sampling from a GPT: top_k keeps exactly k bytes when
- * logits tie, and logits that are not finite are an error, not a byte. */
+ * logits tie, logits that are not finite are an error, not a byte, and
+ * arguments out of range are refused naming them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -46,10 +47,32 @@ static void test_diverged_model(void **state) {
     ts_model_free(m);
 }
 
+/* Arguments out of range are refused naming them: block_size 0 once ran the
+ * model on no tokens (an error about attention's qkv shape) and a negative
+ * top_k sampled from every byte. */
+static void test_bad_arguments(void **state) {
+    (void)state;
+    ts_model *m = flat_gpt(0);
+    char out[64];
+    ts_key key = ts_key_from_seed(7);
+    assert_int_equal(ts_generate(m, 0, "ab", 4, 1.0, 0, key, out, sizeof out), TS_ERR_VALUE);
+    assert_non_null(strstr(ts_last_error(), "generate: block_size 0 must be at least 1"));
+    assert_int_equal(ts_generate(m, 8, "ab", 4, 1.0, -3, key, out, sizeof out), TS_ERR_VALUE);
+    assert_non_null(strstr(ts_last_error(), "generate: top_k -3 must be >= 0"));
+    assert_int_equal(ts_generate(m, 8, NULL, 4, 1.0, 0, key, out, sizeof out), TS_ERR_VALUE);
+    assert_non_null(strstr(ts_last_error(), "generate: the prompt is NULL"));
+    assert_int_equal(ts_generate(NULL, 8, "ab", 4, 1.0, 0, key, out, sizeof out), TS_ERR_VALUE);
+    assert_non_null(strstr(ts_last_error(), "generate: the model is NULL"));
+    assert_int_equal(ts_generate(m, 8, "ab", 62, 1.0, 0, key, out, sizeof out), TS_ERR_VALUE);
+    assert_non_null(strstr(ts_last_error(), "generate: 2 + 62 bytes do not fit in 64"));
+    ts_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_top_k_ties),
         cmocka_unit_test(test_diverged_model),
+        cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
