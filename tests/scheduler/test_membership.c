@@ -171,15 +171,22 @@ static void *barrier3_thread(void *p)
     return NULL;
 }
 
+/* A scheduler for 2..3 workers (heartbeat timeout 2 s) and its first two,
+ * joined into m[0] and m[1]. */
+static void start_two_of_three(th_sched *s, ts_member **m)
+{
+    th_start(s, "--min-workers", "2", "--max-workers", "3", "--heartbeat-ms", "50",
+             "--heartbeat-timeout-ms", "2000", NULL);
+    ts_proto_role roles[2] = {TS_ROLE_WORKER, TS_ROLE_WORKER};
+    th_join_many(s, roles, 2, m);
+}
+
 static void elastic_join_waits_for_step_boundary(void **state)
 {
     (void)state;
     th_sched s;
-    th_start(&s, "--min-workers", "2", "--max-workers", "3", "--heartbeat-ms", "50",
-             "--heartbeat-timeout-ms", "2000", NULL);
-    ts_proto_role roles[2] = {TS_ROLE_WORKER, TS_ROLE_WORKER};
     ts_member *m[2];
-    th_join_many(&s, roles, 2, m);
+    start_two_of_three(&s, m);
     assert_int_equal(ts_member_step_done(m[0], 1), TS_OK);
     assert_int_equal(ts_member_step_done(m[1], 1), TS_OK);
     assert_int_equal(ts_member_step_done(m[0], 2), TS_OK); /* m[1] still in step 2 */
@@ -246,11 +253,8 @@ static void joiner_goes_back_with_the_group(void **state)
 {
     (void)state;
     th_sched s;
-    th_start(&s, "--min-workers", "2", "--max-workers", "3", "--heartbeat-ms", "50",
-             "--heartbeat-timeout-ms", "2000", NULL);
-    ts_proto_role roles[2] = {TS_ROLE_WORKER, TS_ROLE_WORKER};
     ts_member *m[3];
-    th_join_many(&s, roles, 2, m);
+    start_two_of_three(&s, m);
     for (int step = 1; step <= 5; step++)
         for (int i = 0; i < 2; i++)
             assert_int_equal(ts_member_step_done(m[i], step), TS_OK);
