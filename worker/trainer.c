@@ -518,7 +518,14 @@ static void log_line(ts_trainer *t, const ts_step_stats *s) {
 ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s) {
     ts_step_stats before = t->last_taken;
     t->last_taken = *s;
-    if (!t->strategy->group.leader) return TS_OK;
+    if (!t->strategy->group.leader) {
+        /* a rank that lost the lead lets go of the file: the next leader
+         * replaces it (ts_metrics_open), and should the lead come back,
+         * lines written through this handle would go to the replaced one */
+        if (t->metrics) fclose(t->metrics);
+        t->metrics = NULL;
+        return TS_OK;
+    }
     if (t->metrics && s->step <= t->logged_step) {
         fclose(t->metrics);
         t->metrics = NULL;

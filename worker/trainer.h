@@ -148,7 +148,8 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s);
  * lines of the steps taken again go, as on --resume. Every rank keeps s
  * (last_taken): a leader that finds the line of the step before s missing
  * (the old leader left inside it, after the group took it) logs the one it
- * kept first. */
+ * kept first. A rank that is not the leader closes the metrics it held, so
+ * that it takes them over afresh should the lead come back to it. */
 ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s);
 
 /* Loss and accuracy (or bits per byte) on the validation set, or the test

@@ -252,6 +252,18 @@ static th_proc start_to_step_20(const char *name, int workers, const char *extra
     return run;
 }
 
+/* SIGSTOPs the leader (rank 0) of the 3 workers of run and waits until
+ * tessera-run killed it, once declared dead, and its restart joined. */
+static void stop_leader_of_3(th_proc *run) {
+    pid_t leader = -1, pid;
+    for (int i = 0; i < 3; i++)
+        if (th_joined_worker(run, i, &pid) == 0) leader = pid;
+    assert_true(leader > 0);
+    kill(leader, SIGSTOP);
+    if (th_wait_for(run, "is stopped: killing it", 20000) != 0) dump(run, "the stopped leader was not killed");
+    if (th_wait_for(run, "world size 2 -> 3 workers", 30000) != 0) dump(run, "the restarted leader did not join");
+}
+
 /* kill -9 of one of 4 workers mid-training: the survivors name it, redo the
  * step with 3 and finish; the final checkpoint evaluates. */
 static void test_kill_worker(void **state) {
@@ -277,16 +289,32 @@ static void test_kill_worker(void **state) {
 static void test_stop_leader(void **state) {
     (void)state;
     th_proc run = start_to_step_20("ddp-stop-leader", 3, "\"max_restarts\": 1");
-    pid_t leader = -1, pid;
-    for (int i = 0; i < 3; i++)
-        if (th_joined_worker(&run, i, &pid) == 0) leader = pid;
-    assert_true(leader > 0);
-    kill(leader, SIGSTOP);
-    if (th_wait_for(&run, "is stopped: killing it", 20000) != 0) dump(&run, "the stopped leader was not killed");
-    if (th_wait_for(&run, "world size 2 -> 3 workers", 30000) != 0) dump(&run, "the restarted leader did not join");
+    stop_leader_of_3(&run);
     if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0 after restarting the leader");
     if (th_count(&run, "goes back") > 0) dump(&run, "the restarted leader sent the job back to its first step");
     expect_final_accuracy("ddp-stop-leader-eval", th_path("ddp-stop-leader"), FAILURE_STEPS);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* The lead goes to rank 1 and back twice: the stopped leader is declared
+ * dead (rank 1 leads), comes back as rank 0 (it leads and rewrites
+ * metrics.jsonl), and is then killed (rank 1 leads again). Before, rank 1
+ * kept the file it had opened when it first led, which the restarted
+ * leader had replaced, and wrote every later step's line there: the run's
+ * metrics.jsonl ended at the step of the second kill. */
+static void test_leader_back(void **state) {
+    (void)state;
+    const char *name = "ddp-leader-back";
+    th_proc run = start_to_step_20(name, 3, "\"min_workers\": 2, \"max_restarts\": 2");
+    stop_leader_of_3(&run);
+    pid_t leader;
+    if (th_joined_worker(&run, 3, &leader) != 0) dump(&run, "the restarted leader did not get rank 0 back");
+    int led = th_count(&run, "[worker 0] step ");
+    if (th_wait_count(&run, "[worker 0] step ", led + 20, 60000) != 0)
+        dump(&run, "the restarted leader logged no step");
+    kill(leader, SIGKILL);
+    if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0 after the leader came back and died");
+    th_expect_steps_once(th_path(name), FAILURE_STEPS);
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -516,7 +544,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_stop_leader),
         cmocka_unit_test(test_kill_in_eval), cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_sums_split),
         cmocka_unit_test(test_final_checkpoint_fails), cmocka_unit_test(test_stop_scheduler),
-        cmocka_unit_test(test_kill_all_workers),
+        cmocka_unit_test(test_kill_all_workers), cmocka_unit_test(test_leader_back),
         cmocka_unit_test(test_interrupt), cmocka_unit_test(test_interrupt_rendezvous),
         cmocka_unit_test(test_interrupt_restart),
         cmocka_unit_test(test_join),     cmocka_unit_test(test_join_other_job), cmocka_unit_test(test_bf16),
