@@ -305,7 +305,7 @@ static void test_stop_leader(void **state) {
 static void test_leader_back(void **state) {
     (void)state;
     const char *name = "ddp-leader-back";
-    th_proc run = start_to_step_20(name, 3, "\"min_workers\": 2, \"max_restarts\": 2");
+    th_proc run = start_to_step_20(name, 3, "\"max_restarts\": 2");
     stop_leader_of_3(&run);
     pid_t leader;
     if (th_joined_worker(&run, 3, &leader) != 0) dump(&run, "the restarted leader did not get rank 0 back");
