@@ -28,9 +28,10 @@ static ts_status cut_after(const char *path, int64_t last, int64_t *kept) {
     char *line = NULL;
     size_t cap = 0;
     int64_t dropped = 0;
-    while (!s && getline(&line, &cap, in) > 0) {
+    ssize_t len;
+    while (!s && (len = getline(&line, &cap, in)) > 0) {
         int64_t step = line_step(line);
-        if (step > last) {
+        if (step > last || line[len - 1] != '\n') { /* a later step, or a line cut short */
             dropped++;
             continue;
         }
@@ -106,7 +107,14 @@ void ts_metrics_end_progress(void) {
     bar_shown = false;
 }
 
-void ts_metrics_step(FILE *jsonl, const ts_step_stats *s, int64_t total_steps) {
+/* Flushes jsonl, the run's metrics.jsonl; TS_ERR_IO naming it when a
+ * line written since the last flush did not reach it. */
+static ts_status flushed(FILE *jsonl, const char *run_dir) {
+    if (fflush(jsonl) == 0 && !ferror(jsonl)) return TS_OK;
+    return ts_error(TS_ERR_IO, "metrics: cannot write %s/metrics.jsonl: %s", run_dir, strerror(errno));
+}
+
+ts_status ts_metrics_step(FILE *jsonl, const char *run_dir, const ts_step_stats *s, int64_t total_steps) {
     char rate[64];
     if (s->tokens_per_s > 0)
         snprintf(rate, sizeof rate, "%.0f tokens/s", s->tokens_per_s);
@@ -126,7 +134,7 @@ void ts_metrics_step(FILE *jsonl, const ts_step_stats *s, int64_t total_steps) {
            (double)s->peak_bytes / (1 << 20));
     fflush(stdout);
     progress(s->step, total_steps);
-    if (!jsonl) return;
+    if (!jsonl) return TS_OK;
     fprintf(jsonl,
             "{\"kind\":\"step\",\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"step_ms\":%.3f,"
             "\"samples_per_s\":%.1f,\"tokens_per_s\":%.1f,\"mem_bytes\":%zu,\"peak_bytes\":%zu,\"rss_peak_bytes\":%zu,"
@@ -134,10 +142,10 @@ void ts_metrics_step(FILE *jsonl, const ts_step_stats *s, int64_t total_steps) {
             (long long)s->step, s->loss, s->lr, s->grad_norm, s->step_ms, s->samples_per_s, s->tokens_per_s,
             s->mem_bytes, s->peak_bytes, s->rss_peak_bytes, c->push_ms, c->pull_ms, c->wait_ms,
             (unsigned long long)c->sent_bytes);
-    fflush(jsonl);
+    return flushed(jsonl, run_dir);
 }
 
-void ts_metrics_eval(FILE *jsonl, int64_t step, const char *split, const ts_eval_stats *e) {
+ts_status ts_metrics_eval(FILE *jsonl, const char *run_dir, int64_t step, const char *split, const ts_eval_stats *e) {
     if (bar_shown) fputc('\r', stderr);
     if (e->accuracy >= 0)
         printf("eval %s at step %lld | loss %.4f | accuracy %.2f%% (%lld samples)\n", split, (long long)step,
@@ -146,8 +154,8 @@ void ts_metrics_eval(FILE *jsonl, int64_t step, const char *split, const ts_eval
         printf("eval %s at step %lld | loss %.4f | %.3f bits/byte (%lld sequences, %lld tokens)\n", split,
                (long long)step, e->loss, e->bits_per_byte, (long long)e->samples, (long long)e->predictions);
     fflush(stdout);
-    if (!jsonl) return;
+    if (!jsonl) return TS_OK;
     fprintf(jsonl, "{\"kind\":\"eval\",\"split\":\"%s\",\"step\":%lld,\"loss\":%.6f,\"accuracy\":%.6f,\"bpb\":%.6f}\n",
             split, (long long)step, e->loss, e->accuracy, e->bits_per_byte);
-    fflush(jsonl);
+    return flushed(jsonl, run_dir);
 }

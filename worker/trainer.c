@@ -509,10 +509,11 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s) {
 }
 
 /* Writes step s's line where train.log_every (or the last step) asks for it. */
-static void log_line(ts_trainer *t, const ts_step_stats *s) {
+static ts_status log_line(ts_trainer *t, const ts_step_stats *s) {
     t->logged_step = s->step;
     if (s->step % t->job.train.log_every == 0 || s->step == t->total_steps)
-        ts_metrics_step(t->metrics, s, t->total_steps);
+        return ts_metrics_step(t->metrics, t->run_dir, s, t->total_steps);
+    return TS_OK;
 }
 
 ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s) {
@@ -534,9 +535,8 @@ ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s) {
         return ts_last_status();
     /* the step before, which this rank took (or adopted) and no leader
      * logged: the one that took it left before it could */
-    if (before.step == s->step - 1 && before.step > t->logged_step) log_line(t, &before);
-    log_line(t, s);
-    return TS_OK;
+    ts_status st = before.step == s->step - 1 && before.step > t->logged_step ? log_line(t, &before) : TS_OK;
+    return st ? st : log_line(t, s);
 }
 
 /* ---- evaluation ---- */
@@ -650,7 +650,8 @@ static ts_status run_eval(ts_trainer *t, bool test) {
     for (;;) {
         ts_eval_stats e;
         ts_status st = ts_trainer_eval(t, test, test ? 0 : t->job.train.eval_batches, &e);
-        if (!st && t->strategy->group.leader) ts_metrics_eval(t->metrics, t->step, test ? "test" : "val", &e);
+        if (!st && t->strategy->group.leader)
+            return ts_metrics_eval(t->metrics, t->run_dir, t->step, test ? "test" : "val", &e);
         if (!st || !t->strategy->ops->recover) return st;
         fprintf(stderr, "evaluation at step %lld abandoned: %s\n", (long long)at, ts_last_error());
         bool again;

@@ -1,7 +1,7 @@
 /* test_misuse.c - what a careless user does to tessera-run, against the real
  * binary: checkpoint files that are not regular files, a resumed run's
- * metrics, a model too big for the machine, messages that must name the
- * file or field. Every run
+ * metrics, a model too big for the machine, a metrics.jsonl on a full
+ * disk, messages that must name the file or field. Every run
  * goes through timeout(1), so a hang fails the test instead of stalling it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -235,6 +235,22 @@ static void test_model_too_big(void **state) {
     expect_text(log, "out of memory");
 }
 
+/* A full disk under metrics.jsonl (here the file is /dev/full) fails the
+ * run at its first line, naming the file, instead of training on with the
+ * steps' record lost without a word (and a half line left in it). */
+static void test_metrics_disk_full(void **state) {
+    (void)state;
+    static char log[16384];
+    char dir[300], path[400];
+    snprintf(dir, sizeof dir, "%s/full", base);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    assert_int_equal(mkdir(dir, 0777), 0);
+    assert_int_equal(symlink("/dev/full", path), 0);
+    assert_int_equal(run("full", log, sizeof log, "%s --set steps=20 --run-dir %s", MLP_JOB, dir), 1);
+    expect_text(log, "metrics: cannot write ");
+    expect_text(log, "/full/metrics.jsonl: No space left on device");
+}
+
 /* Messages that name the file or the field (issue 11, item 8). */
 static void test_messages_name_the_thing(void **state) {
     (void)state;
@@ -412,6 +428,7 @@ int main(void) {
         cmocka_unit_test(test_generate_numbers),
         cmocka_unit_test(test_consolidate_trailing_slash),
         cmocka_unit_test(test_plot_leaves_nothing),
+        cmocka_unit_test(test_metrics_disk_full),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0) tu_remove_dir(base);

@@ -4,7 +4,8 @@
  * announced to the strategy once, during the last micro-batch's backward,
  * with its f32 master gradient then already what the whole-buffer fold
  * gives (a GPT with a tied embedding and head; flat and detached
- * gradients). */
+ * gradients); (3) a resumed run's metrics.jsonl drops a last line that a
+ * failed write cut short. */
 #include <setjmp.h>
 #include <stdbool.h>
 #include <stdarg.h>
@@ -13,8 +14,10 @@
 #include <stdlib.h>
 #include <cmocka.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/nn/module.h"
+#include "worker/metrics.h"
 #include "worker/strategy.h"
 #include "worker/trainer.h"
 
@@ -144,10 +147,40 @@ static void test_bf16_announced_folded(void **state) {
     ts_trainer_free(ref);
 }
 
+/* (3) A run resumed from step 2 keeps the whole lines of steps 1 and 2
+ * and drops the half line a full disk left (it names step 1: the "12" of
+ * step 12 was cut), so that the lines appended after it stay JSON. */
+static void test_metrics_cut_short(void **state) {
+    (void)state;
+    const char *whole = "{\"kind\":\"step\",\"step\":1,\"loss\":2.5}\n"
+                        "{\"kind\":\"step\",\"step\":2,\"loss\":2.25}\n";
+    const char *next = "{\"kind\":\"step\",\"step\":3,\"loss\":2.125}\n";
+    char dir[] = "/tmp/tessera-metrics-XXXXXX", path[64], text[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "%s{\"kind\":\"step\",\"step\":1", whole);
+    fclose(f);
+    int64_t last;
+    assert_non_null(f = ts_metrics_open(dir, 2, &last));
+    assert_int_equal(last, 2);
+    fputs(next, f);
+    fclose(f);
+    assert_non_null(f = fopen(path, "r"));
+    text[fread(text, 1, sizeof text - 1, f)] = '\0';
+    fclose(f);
+    assert_true(strncmp(text, whole, strlen(whole)) == 0);
+    assert_string_equal(text + strlen(whole), next);
+    assert_int_equal(remove(path), 0);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dropout_keys),
         cmocka_unit_test(test_bf16_announced_folded),
+        cmocka_unit_test(test_metrics_cut_short),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
