@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/data/idx.h"
 #include "kernels/optim/optim.h"
 #include "proto/job_model.h"
 #include "worker/trainer.h"
@@ -95,6 +96,32 @@ static void pipeline_share(const ts_job *job, ts_model_memory *e) {
     e->total_bytes = e->param_bytes + e->grad_bytes + e->optim_bytes + e->activation_bytes;
 }
 
+/* Bytes the job's data set takes in memory, from the Fashion-MNIST files'
+ * headers: each image file's pixels as f32 plus the bytes read to make
+ * them, each label as i64 plus its byte. 0 when a file cannot be read (the
+ * loading names it) and for a text corpus (its bytes, seldom the most). */
+static double data_bytes(const ts_job *job) {
+    if (job->data.kind != TS_JOB_FASHION_MNIST) return 0;
+    double bytes = 0;
+    for (int train = 0; train < 2; train++) {
+        char images[4096], labels[4096];
+        int64_t pixels, n;
+        if (ts_idx_fashion_mnist_paths(job->data.path[0] ? job->data.path : NULL, train, images, labels,
+                                       sizeof images) ||
+            ts_idx_numel(images, &pixels) || ts_idx_numel(labels, &n))
+            return 0;
+        bytes += 5.0 * (double)pixels + 9.0 * (double)n;
+    }
+    return bytes;
+}
+
+/* bytes as "312.4 MiB" or "2.31 GiB" into buf. */
+static const char *size_str(double bytes, char *buf, size_t cap) {
+    if (bytes < GIB) snprintf(buf, cap, "%.1f MiB", bytes / (1024.0 * 1024.0));
+    else snprintf(buf, cap, "%.2f GiB", bytes / GIB);
+    return buf;
+}
+
 ts_status ts_fit_check(const ts_job *job, uint64_t available, const char *source) {
     ts_model_spec spec;
     ts_status st = ts_job_model_spec(job, &spec);
@@ -105,15 +132,18 @@ ts_status ts_fit_check(const ts_job *job, uint64_t available, const char *source
     if ((st = ts_model_estimate(&spec, job->train.batch_size, ts_optim_state_slots(&oc), job->train.bf16, &e)))
         return st;
     pipeline_share(job, &e);
-    if (e.total_bytes <= (double)available) return TS_OK;
+    double data = data_bytes(job), total = e.total_bytes + data;
+    if (total <= (double)available) return TS_OK;
     static const char *const archs[] = {"mlp", "cnn", "gpt"};
+    char sz[7][32];
     return ts_error(TS_ERR_MEMORY,
-                    "model: %s of %.3g parameters needs about %.1f GiB to train (parameters %.1f, gradients %.1f, "
-                    "optimizer state %.1f, activations %.1f GiB at train.batch_size %lld) but %.1f GiB are available "
+                    "model: %s of %.3g parameters needs about %s to train (parameters %s, gradients %s, "
+                    "optimizer state %s, activations %s at train.batch_size %lld, data set %s) but %s are available "
                     "(%s); make the model or the batch smaller, or pass --force to try anyway",
-                    archs[job->model.arch], e.parameters, e.total_bytes / GIB, e.param_bytes / GIB, e.grad_bytes / GIB,
-                    e.optim_bytes / GIB, e.activation_bytes / GIB, (long long)job->train.batch_size,
-                    (double)available / GIB, source);
+                    archs[job->model.arch], e.parameters, size_str(total, sz[0], 32),
+                    size_str(e.param_bytes, sz[1], 32), size_str(e.grad_bytes, sz[2], 32), size_str(e.optim_bytes, sz[3], 32),
+                    size_str(e.activation_bytes, sz[4], 32), (long long)job->train.batch_size,
+                    size_str(data, sz[5], 32), size_str((double)available, sz[6], 32), source);
 }
 
 ts_status ts_fit_check_here(const ts_job *job) {

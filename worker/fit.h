@@ -2,14 +2,15 @@
  *
  * ts_fit_check() estimates what training the job takes in one process
  * (ts_model_estimate: parameters, gradients, optimizer state, a rough
- * activation figure at the job's batch) and compares it with the memory
- * available to this process: the room left under the cgroup memory limit
- * of this process's cgroup and its ancestors (v2 memory.max, v1
- * memory.limit_in_bytes), or MemAvailable of /proc/meminfo, whichever is
- * smaller (for a pipeline, what one stage holds: about 1/P of the model and
- * its micro-batches in flight). A model that does not fit is refused with
- * the numbers, instead of
- * being found out by the OOM killer; callers offer --force to try anyway.
+ * activation figure at the job's batch) and its data set in memory (the
+ * Fashion-MNIST images as f32, sized from the files' headers) and compares
+ * it with the memory available to this process: the room left under the
+ * cgroup memory limit of this process's cgroup and its ancestors (v2
+ * memory.max, v1 memory.limit_in_bytes), or MemAvailable of /proc/meminfo,
+ * whichever is smaller (for a pipeline, what one stage holds: about 1/P of
+ * the model and its micro-batches in flight, and the data set). A model
+ * that does not fit is refused with the numbers, instead of being found
+ * out by the OOM killer; callers offer --force to try anyway.
  */
 #ifndef TS_WORKER_FIT_H
 #define TS_WORKER_FIT_H
@@ -23,10 +24,11 @@
  * ("cgroup limit /sys/fs/cgroup/...", "MemAvailable"). */
 ts_status ts_fit_available(uint64_t *bytes, char *source, size_t cap);
 
-/* TS_OK when training job's model fits in available bytes, else
- * TS_ERR_MEMORY: "model: cnn of 3.78e+09 parameters needs about 60.3 GiB to
- * train (parameters 14.1, gradients 14.1, optimizer state 28.1, activations
- * 4.0 GiB at batch 128) but 21.5 GiB are available (MemAvailable); ...". */
+/* TS_OK when training job's model and data fit in available bytes, else
+ * TS_ERR_MEMORY: "model: cnn of 3.78e+09 parameters needs about 60.56 GiB
+ * to train (parameters 14.08 GiB, gradients 14.08 GiB, optimizer state
+ * 28.16 GiB, activations 4.00 GiB at train.batch_size 128, data set
+ * 262.0 MiB) but 21.50 GiB are available (MemAvailable); ...". */
 ts_status ts_fit_check(const ts_job *job, uint64_t available, const char *source);
 
 /* ts_fit_check against ts_fit_available(). */

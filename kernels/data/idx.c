@@ -40,41 +40,41 @@ static int64_t count_rest(gzFile g) {
     return n;
 }
 
-static ts_tensor *read_open(gzFile g, const char *path, int64_t file_size) {
+/* Reads and checks the header at g's start: the magic and the *ndim dims
+ * (into dims), their product into *numel. */
+static ts_status read_header(gzFile g, const char *path, int64_t *dims, int *ndim, int64_t *numel) {
     unsigned char magic[4];
     int64_t got = read_all(g, path, magic, 4);
-    if (got < 0) return NULL;
-    if (got < 4) {
-        ts_error(TS_ERR_FORMAT, "idx %s: truncated: %lld bytes, shorter than the 4-byte magic", path, (long long)got);
-        return NULL;
-    }
-    if (magic[0] != 0 || magic[1] != 0 || magic[3] == 0 || magic[3] > TS_MAX_DIMS) {
-        ts_error(TS_ERR_FORMAT, "idx %s: wrong magic number 0x%02x%02x%02x%02x (want 0x0000TTNN, 1 <= NN <= %d)", path,
-                 magic[0], magic[1], magic[2], magic[3], TS_MAX_DIMS);
-        return NULL;
-    }
-    if (magic[2] != 0x08) {
-        ts_error(TS_ERR_UNSUPPORTED, "idx %s: element type 0x%02x is not unsigned byte (0x08)", path, magic[2]);
-        return NULL;
-    }
-    int ndim = magic[3];
+    if (got < 0) return ts_last_status();
+    if (got < 4)
+        return ts_error(TS_ERR_FORMAT, "idx %s: truncated: %lld bytes, shorter than the 4-byte magic", path,
+                        (long long)got);
+    if (magic[0] != 0 || magic[1] != 0 || magic[3] == 0 || magic[3] > TS_MAX_DIMS)
+        return ts_error(TS_ERR_FORMAT, "idx %s: wrong magic number 0x%02x%02x%02x%02x (want 0x0000TTNN, 1 <= NN <= %d)",
+                        path, magic[0], magic[1], magic[2], magic[3], TS_MAX_DIMS);
+    if (magic[2] != 0x08)
+        return ts_error(TS_ERR_UNSUPPORTED, "idx %s: element type 0x%02x is not unsigned byte (0x08)", path, magic[2]);
+    *ndim = magic[3];
     unsigned char raw[4 * TS_MAX_DIMS];
-    got = read_all(g, path, raw, 4 * ndim);
-    if (got < 0) return NULL;
-    if (got < 4 * ndim) {
-        ts_error(TS_ERR_FORMAT, "idx %s: truncated in the header: %d dims need %d bytes, file has %lld", path, ndim,
-                 4 + 4 * ndim, (long long)(4 + got));
-        return NULL;
-    }
-    int64_t dims[TS_MAX_DIMS], numel = 1;
-    for (int i = 0; i < ndim; i++) {
+    got = read_all(g, path, raw, 4 * *ndim);
+    if (got < 0) return ts_last_status();
+    if (got < 4 * *ndim)
+        return ts_error(TS_ERR_FORMAT, "idx %s: truncated in the header: %d dims need %d bytes, file has %lld", path,
+                        *ndim, 4 + 4 * *ndim, (long long)(4 + got));
+    *numel = 1;
+    for (int i = 0; i < *ndim; i++) {
         dims[i] = (int64_t)raw[4 * i] << 24 | raw[4 * i + 1] << 16 | raw[4 * i + 2] << 8 | raw[4 * i + 3];
-        if (dims[i] && numel > (INT64_MAX >> 2) / dims[i]) {
-            ts_error(TS_ERR_FORMAT, "idx %s: dims %s are too large", path, ts_dims_str(i + 1, dims));
-            return NULL;
-        }
-        numel *= dims[i];
+        if (dims[i] && *numel > (INT64_MAX >> 2) / dims[i])
+            return ts_error(TS_ERR_FORMAT, "idx %s: dims %s are too large", path, ts_dims_str(i + 1, dims));
+        *numel *= dims[i];
     }
+    return TS_OK;
+}
+
+static ts_tensor *read_open(gzFile g, const char *path, int64_t file_size) {
+    int64_t dims[TS_MAX_DIMS], numel, got;
+    int ndim;
+    if (read_header(g, path, dims, &ndim, &numel)) return NULL;
     int64_t head = 4 + 4 * (int64_t)ndim;
     if (gzdirect(g) && file_size < head + numel) { /* plain file: refuse before allocating */
         ts_error(TS_ERR_FORMAT, "idx %s: truncated: dims %s need %lld bytes, the file has %lld", path,
@@ -104,21 +104,37 @@ static ts_tensor *read_open(gzFile g, const char *path, int64_t file_size) {
     return t;
 }
 
-ts_tensor *ts_idx_read(const char *path) {
+/* Opens path (gzip or plain) for reading; its size on disk into *size.
+ * NULL after an error naming it. */
+static gzFile open_idx(const char *path, int64_t *size) {
     struct stat sb;
-    if (stat(path, &sb) != 0) {
-        ts_error(TS_ERR_IO, "idx %s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    gzFile g = gzopen(path, "rb");
+    gzFile g = stat(path, &sb) == 0 ? gzopen(path, "rb") : NULL;
     if (!g) {
         ts_error(TS_ERR_IO, "idx %s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
     gzbuffer(g, 1u << 17);
-    ts_tensor *t = read_open(g, path, (int64_t)sb.st_size);
+    *size = (int64_t)sb.st_size;
+    return g;
+}
+
+ts_tensor *ts_idx_read(const char *path) {
+    int64_t size;
+    gzFile g = open_idx(path, &size);
+    if (!g) return NULL;
+    ts_tensor *t = read_open(g, path, size);
     gzclose(g);
     return t;
+}
+
+ts_status ts_idx_numel(const char *path, int64_t *numel) {
+    int64_t size, dims[TS_MAX_DIMS];
+    int ndim;
+    gzFile g = open_idx(path, &size);
+    if (!g) return ts_last_status();
+    ts_status st = read_header(g, path, dims, &ndim, numel);
+    gzclose(g);
+    return st;
 }
 
 ts_tensor *ts_idx_images(const ts_tensor *u8, float mean, float std) {

@@ -23,6 +23,10 @@
 /* The file's contents as a u8 tensor with the file's dims. */
 ts_tensor *ts_idx_read(const char *path);
 
+/* The number of elements the file's header announces (the product of its
+ * dims), read without the data: what loading it will take. */
+ts_status ts_idx_numel(const char *path, int64_t *numel);
+
 /* u8 images [N, R, C] -> f32 [N, 1, R, C] (other ranks keep their shape)
  * with (x/255 - mean)/std; std > 0. */
 ts_tensor *ts_idx_images(const ts_tensor *u8, float mean, float std);

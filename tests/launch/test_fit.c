@@ -1,12 +1,17 @@
 /* test_fit.c - the memory check before a model is built: a pipeline stage
  * is judged by what it holds (about 1/P of the model and its micro-batches
- * in flight), so a model too big for one process fits as stages. */
+ * in flight), so a model too big for one process fits as stages; the data
+ * set counts too (Fashion-MNIST's images as f32 dwarf a small MLP). */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/optim/optim.h"
 #include "proto/job_model.h"
@@ -40,9 +45,51 @@ static void test_pipeline_stage_share(void **state) {
     assert_int_equal(ts_fit_check(&stages, (uint64_t)(0.1 * whole), "test"), TS_ERR_MEMORY);
 }
 
+/* Writes dir/name, an IDX file of n zero bytes of dims n (labels) or
+ * n x 28 x 28 (images). */
+static void write_idx(const char *dir, const char *name, uint32_t n, bool images) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    int ndim = images ? 3 : 1;
+    uint32_t dims[3] = {n, 28, 28};
+    unsigned char head[16] = {0, 0, 0x08, (unsigned char)ndim};
+    for (int i = 0; i < ndim; i++)
+        for (int b = 0; b < 4; b++) head[4 + 4 * i + b] = (unsigned char)(dims[i] >> (24 - 8 * b));
+    assert_int_equal(fwrite(head, 1, 4 + 4 * (size_t)ndim, f), 4 + 4 * (size_t)ndim);
+    for (uint32_t i = 0; i < n * (images ? 784 : 1); i++) fputc(0, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* 2000 + 500 images of 28 x 28 take about 9 MiB as f32 (and the bytes they
+ * are read from), a 784-16-10 MLP at batch 8 a few hundred KiB: 4 MiB is
+ * too little, which the model alone would not show. */
+static void test_data_set_counts(void **state) {
+    (void)state;
+    char dir[] = "/tmp/tessera-fit-XXXXXX", set[300], cmd[300];
+    assert_non_null(mkdtemp(dir));
+    write_idx(dir, "train-images-idx3-ubyte", 2000, true);
+    write_idx(dir, "train-labels-idx1-ubyte", 2000, false);
+    write_idx(dir, "t10k-images-idx3-ubyte", 500, true);
+    write_idx(dir, "t10k-labels-idx1-ubyte", 500, false);
+    snprintf(set, sizeof set, "data.path=%s", dir);
+    const char *sets[] = {set};
+    ts_job job;
+    assert_int_equal(ts_job_parse("{\"model\": {\"arch\": \"mlp\", \"hidden\": [16]}, \"train\": {\"batch_size\": 8}}",
+                                  sets, 1, &job), TS_OK);
+    assert_true(whole_bytes(&job) < 1 << 20);
+    assert_int_equal(ts_fit_check(&job, 4 << 20, "test"), TS_ERR_MEMORY);
+    assert_non_null(strstr(ts_last_error(), "data set 9.4 MiB"));
+    assert_int_equal(ts_fit_check(&job, 16 << 20, "test"), TS_OK);
+    snprintf(cmd, sizeof cmd, "rm -r %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pipeline_stage_share),
+        cmocka_unit_test(test_data_set_counts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -222,9 +222,9 @@ static void test_model_too_big(void **state) {
     /* at batch 2^20 its activations alone exceed any machine's memory */
     assert_int_equal(run("big", log, sizeof log, "%s --set train.batch_size=1048576 --run-dir %s", huge, dir), 1);
     expect_text(log, "model: cnn of 3.78e+09 parameters needs about ");
-    expect_text(log, "(parameters 14.1, gradients 14.1, optimizer state 28.1, activations ");
-    expect_text(log, "GiB at train.batch_size 1048576) but ");
-    expect_text(log, "GiB are available (");
+    expect_text(log, "(parameters 14.07 GiB, gradients 14.07 GiB, optimizer state 28.15 GiB, activations ");
+    expect_text(log, "GiB at train.batch_size 1048576, data set 262.3 MiB) but ");
+    expect_text(log, " are available (");
     expect_text(log, "or pass --force to try anyway");
     assert_int_equal(run_prog("", "tessera-worker", "big-worker", log, sizeof log,
                               "%s --set train.batch_size=1048576 --run-dir %s", huge, dir), 1);
