@@ -191,6 +191,7 @@ static void spawn_node(cluster *cl, slot *sl) {
     if (cl->o->resume || (sl->role == TS_ROLE_PS && restarted) ||
         (sl->role == TS_ROLE_WORKER && (cl->resume_workers || (restarted && all_reduce))))
         ts_argv_push(&a, "--resume");
+    if (sl->role == TS_ROLE_WORKER && cl->o->force) ts_argv_push(&a, "--force");
     ts_child *c = NULL;
     if (ts_argv_ok(&a)) {
         const char *prog = sl->role == TS_ROLE_PS ? "tessera-ps" : "tessera-worker";

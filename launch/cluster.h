@@ -29,6 +29,7 @@ typedef struct {
     int nsets;
     const char *run_dir;      /* --run-dir or train.run_dir; NULL = runs/<name>-<timestamp> */
     bool resume;              /* continue the job in run_dir from its checkpoints */
+    bool force;               /* workers train even when the memory estimate exceeds what is available */
     ts_job job;               /* the job, overrides applied */
 } ts_cluster_opts;
 

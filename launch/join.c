@@ -69,6 +69,7 @@ int ts_launch_join(const ts_launch_join_opts *o) {
     ts_argv_push(&a, prog);
     ts_cluster_node_args(&a, o->address, o->key_file, o->job_path, o->sets, o->nsets);
     if (o->rank >= 0) ts_argv_pushf(&a, "--rank=%d", o->rank);
+    if (o->force) ts_argv_push(&a, "--force");
     ts_argv_push(&a, "--run-dir");
     ts_argv_push(&a, dir);
     if (!ts_argv_ok(&a)) {

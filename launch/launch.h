@@ -21,6 +21,7 @@ typedef struct {
     char **sets;
     int nsets;
     int rank;              /* the rank asked for, -1 = any */
+    bool force;            /* train even when the memory estimate exceeds what is available */
     const char *run_dir;   /* --run-dir or train.run_dir, else NULL */
     const ts_job *job;     /* job_path with the sets, loaded */
 } ts_launch_join_opts;

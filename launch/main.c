@@ -33,8 +33,8 @@ static const char usage[] =
     "  tessera-run JOB.json --resume [--run-dir DIR]\n"
     "      strategy \"local\": train in this process, resuming from the newest\n"
     "      checkpoint of the run folder (a cluster job needs --run-dir)\n"
-    "      (--force: train even when the model's memory estimate exceeds\n"
-    "      the memory available)\n"
+    "      (--force, here, with a cluster, --join or --mpi: its workers train\n"
+    "      even when the model's memory estimate exceeds the memory available)\n"
     "  tessera-run --eval CHECKPOINT_DIR | --eval WEIGHTS.safetensors JOB.json [--set ...]\n"
     "      test loss and accuracy (or bits per byte) of a checkpoint, or of\n"
     "      weights trained elsewhere for the job's model (--set model.init_map=MAP\n"
@@ -279,7 +279,7 @@ int main(int argc, char **argv) {
         if (!code) printf("chart: %s\n", png);
     } else {
         ts_cluster_opts o = {.job_path = c.job_path, .sets = c.sets,
-                             .nsets = c.nsets, .run_dir = c.run_dir, .resume = c.resume};
+                             .nsets = c.nsets, .run_dir = c.run_dir, .resume = c.resume, .force = c.force};
         if (ts_job_load(c.job_path, (const char *const *)c.sets, c.nsets, &o.job) !=
             TS_OK) {
             fprintf(stderr, "tessera-run: %s\n", ts_last_error());
@@ -300,7 +300,8 @@ int main(int argc, char **argv) {
         } else if (c.mode == MODE_JOIN) {
             code = ts_launch_join(&(ts_launch_join_opts){.address = c.address, .key_file = c.key_file,
                                                          .job_path = c.job_path, .sets = c.sets, .nsets = c.nsets,
-                                                         .rank = c.rank, .run_dir = o.run_dir, .job = &o.job});
+                                                         .rank = c.rank, .run_dir = o.run_dir, .job = &o.job,
+                                                         .force = c.force});
         } else if (c.mode == MODE_MPI) {
             code = ts_launch_mpi(&o, c.role, argc, argv);
         } else if (ts_trainer_steps(&o.job, &o.job.steps) != TS_OK) {

@@ -352,7 +352,8 @@ int ts_launch_mpi(const ts_cluster_opts *o, const char *role, int argc,
         code = ts_ps_run(&po);
     } else if (wrote) {
         ts_worker_options wo = {.job = &job, .scheduler = endpoint, .key_file = key_path, .rank = -1,
-                                .run_dir = run_dir, .resume = o->resume, .prog = "tessera-run --mpi", .mpi_comm = &group};
+                                .run_dir = run_dir, .resume = o->resume, .force = o->force,
+                                .prog = "tessera-run --mpi", .mpi_comm = &group};
         code = ts_worker_run(&wo);
     }
     if (key_fd >= 0) close(key_fd);

@@ -1,7 +1,8 @@
 /* test_misuse.c - what a careless user does to tessera-run, against the real
  * binary: checkpoint files that are not regular files, a resumed run's
- * metrics, a model too big for the machine, a metrics.jsonl on a full
- * disk, messages that must name the file or field. Every run
+ * metrics, a model too big for the machine (also in a cluster, and with
+ * --force), a metrics.jsonl on a full disk, messages that must name the
+ * file or field. Every run
  * goes through timeout(1), so a hang fails the test instead of stalling it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -231,6 +232,11 @@ static void test_model_too_big(void **state) {
     expect_text(log, "model: cnn of 3.78e+09 parameters needs about ");
     assert_int_equal(run_prog("ulimit -v 4000000;", "tessera-run", "big-force", log, sizeof log,
                               "%s --run-dir %s --force", huge, dir), 1);
+    assert_null(strstr(log, "needs about"));
+    expect_text(log, "out of memory");
+    /* a cluster's --force reaches its workers */
+    assert_int_equal(run_prog("ulimit -v 4000000;", "tessera-run", "big-force-ddp", log, sizeof log,
+                              "%s --set parallel.strategy=ddp --run-dir %s-ddp --force", huge, dir), 1);
     assert_null(strstr(log, "needs about"));
     expect_text(log, "out of memory");
 }
