@@ -6,17 +6,25 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels/io/atomic.h"
 #include "kernels/status.h"
 #include "launch/train.h"
 
 /* Splits metrics.jsonl into step.dat (step loss) and eval.dat (step loss
  * accuracy) for the validation split; returns how many eval rows (-1 when
- * metrics.jsonl cannot be read), the step rows into *n_steps. */
+ * metrics.jsonl cannot be read or is not a regular file - /dev/zero would
+ * never end - with the error recorded), the step rows into *n_steps. */
 static int write_data(const char *run_dir, FILE *steps, FILE *evals, int *n_steps) {
     char path[1200], line[4096];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
+    int fd;
+    if (ts_io_open_regular(path, "metrics", &fd)) return -1;
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        ts_error(TS_ERR_IO, "metrics %s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
     int n_eval = 0;
     while (fgets(line, sizeof line, f)) {
         json_t *j = json_loads(line, 0, NULL);
@@ -81,7 +89,7 @@ int ts_launch_plot(const char *run_dir, char *png, size_t cap) {
     int rc = 1;
     if (!steps || !evals)
         fprintf(stderr, "tessera-run --plot: cannot write %s: %s\n", steps ? ep : sp, strerror(err));
-    else if (n_eval < 0) fprintf(stderr, "tessera-run --plot: cannot read %s/metrics.jsonl\n", run_dir);
+    else if (n_eval < 0) fprintf(stderr, "tessera-run --plot: %s\n", ts_last_error());
     else if (!n_steps && !n_eval)
         fprintf(stderr, "tessera-run --plot: %s/metrics.jsonl holds no step or evaluation to draw\n", run_dir);
     else rc = draw(sp, ep, n_eval, tmp);

@@ -388,8 +388,9 @@ static int count_entries(const char *dir) {
     return n;
 }
 
-/* --plot of a folder without metrics.jsonl, or of one whose metrics.jsonl
- * holds nothing to draw, exits 1 and leaves the folder as it was: no data
+/* --plot of a folder without metrics.jsonl, of one whose metrics.jsonl
+ * holds nothing to draw, or is not a regular file (a link to /dev/zero:
+ * once read for ever), exits 1 and leaves the folder as it was: no data
  * files behind, an earlier metrics.png untouched. */
 static void test_plot_leaves_nothing(void **state) {
     (void)state;
@@ -419,6 +420,12 @@ static void test_plot_leaves_nothing(void **state) {
     char text[64];
     tu_read_back(f, text, sizeof text);
     assert_string_equal(text, "the earlier chart");
+
+    assert_int_equal(remove(path), 0);
+    assert_int_equal(symlink("/dev/zero", path), 0);
+    assert_int_equal(run("plot-dev-zero", log, sizeof log, "--plot %s", dir), 1);
+    expect_text(log, "is not a regular file");
+    assert_int_equal(count_entries(dir), 2);
 }
 
 int main(void) {
