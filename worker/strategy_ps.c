@@ -35,6 +35,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "kernels/optim/clip.h"
 #include "worker/mirror.h"
@@ -56,6 +57,9 @@ typedef struct {
     int64_t rollback_to;  /* a rollback found at the end of a step, done when the next begins; -1 none */
     int reductions;       /* reduce_sums calls at this step */
     int64_t reduce_step;
+    bool took_lead;       /* this rank became the leader: save_owed looks for a checkpoint it owes the run */
+    int64_t exit_at;      /* TESSERA_FAULT's step (fault_exit), or -1 */
+    bool all_exit;        /* ... at which every worker exits, not the leader alone */
 } ps_strategy;
 
 /* Takes the live workers of the client's roster as this worker's group;
@@ -65,6 +69,7 @@ static void take_group(ps_strategy *d) {
     int index, workers;
     ts_ps_client_workers(d->c, &g, &index, &workers);
     ts_group *gr = &d->base.group;
+    if (index == 0 && !gr->leader) d->took_lead = true;
     if (gr->generation && workers != gr->world && index == 0) /* a change, not the join's own group */
         printf("generation %llu: world size %d -> %d workers\n", (unsigned long long)g, gr->world, workers);
     *gr = (ts_group){.rank = index < 0 ? 0 : index, .world = workers > 0 ? workers : 1, .generation = g,
@@ -185,12 +190,35 @@ static ts_status ps_begin_step(ts_strategy *s, int64_t step) {
     return st;
 }
 
+/* A rank that took the lead saves the run's whole-model checkpoint of the
+ * step whose parameters it holds when train.checkpoint_every asked for one
+ * there and the run has none: the leader before it left between the step
+ * and its save (the shards saved theirs), or every worker left and this
+ * one adopted the step. Called where the model holds the trainer's step
+ * and the loader stands at its end. */
+static ts_status save_owed(ps_strategy *d) {
+    ts_trainer *t = d->base.trainer;
+    int64_t every = t->job.train.checkpoint_every, k = t->step;
+    if (!d->took_lead || !d->base.group.leader || d->have != k) return TS_OK;
+    d->took_lead = false;
+    if (!every || k <= 0 || k % every || !t->run_dir[0] || d->base.finished) return TS_OK;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/checkpoints/step-%lld", t->run_dir, (long long)k);
+    if (access(path, F_OK) == 0) return TS_OK;
+    ts_status st = ts_strategy_save_whole(&d->base, path, sizeof path);
+    if (!st) printf("step %lld was due a checkpoint that the leader before this one left without writing: %s\n",
+                    (long long)k, path);
+    return st;
+}
+
 /* Computes the step's gradients, pushes and commits them; in sync mode
  * waits for the decision. */
 static ts_status compute(ps_strategy *d, double *loss, int64_t *samples) {
     ts_trainer *t = d->base.trainer;
+    ts_status st = save_owed(d);
+    if (st) return st;
     ts_ps_client_begin(d->c, t->step + 1, d->base.group.generation);
-    ts_status st = ts_trainer_grads(t, loss, samples);
+    st = ts_trainer_grads(t, loss, samples);
     if (!st) st = ts_mirror_flush(d->mirror); /* every range pushed */
     if (st) return st;
     ts_loader_pos next = ts_loader_position(t->loader);
@@ -238,6 +266,17 @@ static ts_status ps_sq_norm(ts_strategy *s, double *global) {
     return TS_OK;
 }
 
+/* Fault injection for the tests, from TESSERA_FAULT, for deaths a kill -9
+ * hits only by chance: "leader_exit@K" ends the leader, "workers_exit@K"
+ * every worker, once it took step K (sync: applied and pulled it), before
+ * it logs or saves it. */
+static void fault_exit(const ps_strategy *d, int64_t step) {
+    if (step != d->exit_at || !(d->all_exit || d->base.group.leader)) return;
+    printf("ps: TESSERA_FAULT: rank %d exits after step %lld\n", d->base.group.rank, (long long)step);
+    fflush(stdout);
+    _exit(3);
+}
+
 /* Sync: applies the step at the shards, pulls its parameters and reports
  * the step to the scheduler (once per step, not again when replaying). */
 static ts_status ps_end_step(ts_strategy *s, int64_t step) {
@@ -253,6 +292,7 @@ static ts_status ps_end_step(ts_strategy *s, int64_t step) {
         } else {
             st = recover(d, st, &again);
         }
+        if (!st && d->rollback_to < 0) fault_exit(d, step);
     }
     /* the last step is reported by the node once the run, evaluation
      * included, is over: the scheduler then ends the job. Async workers
@@ -324,6 +364,11 @@ ts_strategy *ts_strategy_ps_new(const ts_strategy_options *o) {
     d->key_file = o->key_file;
     d->mpi = o->mpi_comm != NULL;
     d->have = d->reported = d->reduce_step = d->rollback_to = -1;
+    const char *fault = getenv("TESSERA_FAULT");
+    long long k;
+    d->exit_at = -1;
+    if (fault && sscanf(fault, "leader_exit@%lld", &k) == 1 && k > 0) d->exit_at = k;
+    if (fault && sscanf(fault, "workers_exit@%lld", &k) == 1 && k > 0) d->exit_at = k, d->all_exit = true;
     /* the loader is made before the join: shard it for the job's workers
      * (its steps per epoch), attach takes the live group */
     d->base.group = (ts_group){.rank = 0, .world = ts_strategy_data_world(o->job)};

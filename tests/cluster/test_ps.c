@@ -19,7 +19,9 @@
  * not resume a run of another strategy. Ctrl-C stops every worker after
  * the same step, saved. Under mpirun, a shard whose only server stopped
  * ends the workers once it is declared dead, naming its last server; a
- * stopped primary with a backup is ended once the job completed.
+ * stopped primary with a backup is ended once the job completed. A leader
+ * that exits between a step due a checkpoint and its save (TESSERA_FAULT)
+ * leaves the next leader to log the step and write its checkpoint.
  * Run one test by name: cluster_test_ps <name>.
  */
 #include <setjmp.h>
@@ -381,6 +383,26 @@ static void lose_shard(const char *name, int sig) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* The parallel section of the fault tests. */
+#define FAULT_PARALLEL "\"strategy\": \"ps\", \"workers\": 4, \"servers\": 1"
+
+/* The leader exits once the job took step 10, before it logs or saves it
+ * (train.checkpoint_every 10): the next leader logs the step and writes
+ * the run's checkpoint of it. Before, checkpoints/step-10 was missing
+ * (only the shards had theirs): --eval of that step was lost. */
+static void test_leader_exit(void **state) {
+    (void)state;
+    th_fault_logs_every_step("ps-leader-exit", 20, FAULT_PARALLEL, "leader_exit@10", 10,
+                             "ps: TESSERA_FAULT: rank 0 exits after step 10");
+    char ckpt[4200];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-10", th_path("ps-leader-exit"));
+    ts_checkpoint *ck = ts_checkpoint_open(ckpt);
+    if (!ck) fail_msg("no whole-model checkpoint of step 10: %s", ts_last_error());
+    assert_int_equal(ck->step, 10);
+    ts_checkpoint_close(ck);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 static void test_kill_shard(void **state) {
     (void)state;
     lose_shard("kills", SIGKILL);
@@ -653,7 +675,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_equivalence_mlp), cmocka_unit_test(test_equivalence_gpt),
         cmocka_unit_test(test_many_shards),
         cmocka_unit_test(test_async_bounded),   cmocka_unit_test(test_join),
-        cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_kill_shard), cmocka_unit_test(test_stop_shard),
+        cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_leader_exit),
+        cmocka_unit_test(test_kill_shard),      cmocka_unit_test(test_stop_shard),
         cmocka_unit_test(test_kill_primary),    cmocka_unit_test(test_kill_primary_twice),
         cmocka_unit_test(test_resume), cmocka_unit_test(test_resume_reshard),
         cmocka_unit_test(test_interrupt),
