@@ -641,9 +641,10 @@ ts_status ts_cluster_write_job(const char *run_dir, const ts_job *job) {
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/job.json", run_dir);
     json_t *doc = ts_job_to_json(job);
-    int rc = doc ? json_dump_file(doc, path, JSON_INDENT(2) | JSON_SORT_KEYS) : -1;
+    if (!doc) return ts_error(TS_ERR_MEMORY, "write %s: out of memory", path);
+    ts_status st = ts_io_atomic_write_json(path, doc, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(doc);
-    return rc ? ts_error(TS_ERR_IO, "cannot write %s", path) : TS_OK;
+    return st;
 }
 
 /* Run folder, resolved job.json, key file, placement. */
@@ -732,6 +733,9 @@ int ts_cluster_run(const ts_cluster_opts *o) {
     char log_path[PATH_MAX + 32];
     snprintf(log_path, sizeof log_path, "%s/cluster.log", cl->run_dir);
     cl->super.log = fopen(log_path, "w");
+    if (!cl->super.log) /* the job goes on: the lines still reach the terminal */
+        fprintf(stderr, "[run] cannot write %s: %s; the children's lines are not kept there\n", log_path,
+                strerror(errno));
     cl->super.user = cl;
     cl->super.on_line = on_line;
     cl->super.on_done = on_done;

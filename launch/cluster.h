@@ -42,7 +42,8 @@ int ts_cluster_run(const ts_cluster_opts *o);
 void ts_cluster_scheduler_args(ts_argv *a, const ts_job *job,
                                const char *bind_endpoint, const char *key_file);
 
-/* Writes run_dir/job.json: job as resolved, every field. */
+/* Writes run_dir/job.json: job as resolved, every field, through a temp
+ * file (a failure leaves an earlier one whole and names the reason). */
 ts_status ts_cluster_write_job(const char *run_dir, const ts_job *job);
 
 /* Flags of a node (ps or worker) joining the scheduler at addr, appended to

@@ -1,6 +1,7 @@
 /* plot.c - metrics.jsonl -> metrics.png with gnuplot (Debian gnuplot-nox). */
 #include <errno.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -74,8 +75,8 @@ static int draw(const char *sp, const char *ep, int n_eval, const char *out) {
 }
 
 /* The chart is drawn into a temp file renamed onto metrics.png once gnuplot
- * succeeded, so a failure leaves an earlier chart as it was; the data files
- * go either way. */
+ * succeeded from data files written whole, so a failure (a full disk among
+ * them) leaves an earlier chart as it was; the data files go either way. */
 int ts_launch_plot(const char *run_dir, char *png, size_t cap) {
     char sp[1200], ep[1200], tmp[1300];
     snprintf(sp, sizeof sp, "%s/plot-steps.dat", run_dir);
@@ -84,12 +85,12 @@ int ts_launch_plot(const char *run_dir, char *png, size_t cap) {
     snprintf(tmp, sizeof tmp, "%s.tmp-%ld", png, (long)getpid());
     FILE *steps = fopen(sp, "w"), *evals = steps ? fopen(ep, "w") : NULL;
     int err = errno, n_steps = 0, n_eval = steps && evals ? write_data(run_dir, steps, evals, &n_steps) : -1;
-    if (steps) fclose(steps);
-    if (evals) fclose(evals);
+    /* a write that failed (a full disk) would draw a truncated chart; both are closed ('&') */
+    bool written = (!steps || !ts_io_close_synced(steps, sp)) & (!evals || !ts_io_close_synced(evals, ep));
     int rc = 1;
     if (!steps || !evals)
         fprintf(stderr, "tessera-run --plot: cannot write %s: %s\n", steps ? ep : sp, strerror(err));
-    else if (n_eval < 0) fprintf(stderr, "tessera-run --plot: %s\n", ts_last_error());
+    else if (n_eval < 0 || !written) fprintf(stderr, "tessera-run --plot: %s\n", ts_last_error());
     else if (!n_steps && !n_eval)
         fprintf(stderr, "tessera-run --plot: %s/metrics.jsonl holds no step or evaluation to draw\n", run_dir);
     else rc = draw(sp, ep, n_eval, tmp);

@@ -77,7 +77,7 @@ ts_status ts_io_close_synced(FILE *f, const char *path) {
 }
 
 ts_status ts_io_atomic_commit(ts_io_atomic *a) {
-    ts_status s = ts_io_close_synced(a->f, a->tmp);
+    ts_status s = ts_io_close_synced(a->f, a->path); /* the file people know, not its temp name */
     a->f = NULL;
     if (!s && rename(a->tmp, a->path) != 0)
         s = ts_error(TS_ERR_IO, "atomic write %s: rename from %s: %s", a->path, a->tmp, strerror(errno));
@@ -91,6 +91,19 @@ void ts_io_atomic_abort(ts_io_atomic *a) {
     if (a->f) fclose(a->f);
     if (a->tmp) unlink(a->tmp);
     atomic_free(a);
+}
+
+ts_status ts_io_atomic_write_json(const char *path, const json_t *doc, size_t flags) {
+    ts_io_atomic a;
+    ts_status s = ts_io_atomic_open(&a, path);
+    if (s) return s;
+    errno = 0;
+    if (json_dumpf(doc, a.f, flags) != 0 || fputc('\n', a.f) == EOF) {
+        int err = errno ? errno : EIO;
+        ts_io_atomic_abort(&a);
+        return ts_error(TS_ERR_IO, "write %s: %s", path, strerror(err));
+    }
+    return ts_io_atomic_commit(&a);
 }
 
 ts_status ts_io_fsync_dir(const char *dir) {

@@ -4,13 +4,15 @@
  * writes through the FILE*, then ts_io_atomic_commit flushes, fsyncs,
  * renames the temp file onto the final name and fsyncs the folder, so a
  * reader sees either the old file or the complete new one, never a part.
- * ts_io_atomic_abort removes the temp file. Helpers for fsyncing a folder,
+ * ts_io_atomic_abort removes the temp file; ts_io_atomic_write_json does all
+ * three for a JSON document. Helpers for fsyncing a folder,
  * removing a folder tree, opening a file to read only when it is a regular
  * file and taking a run folder for one process live here too.
  */
 #ifndef TS_IO_ATOMIC_H
 #define TS_IO_ATOMIC_H
 
+#include <jansson.h>
 #include <stdio.h>
 
 #include "kernels/status.h"
@@ -29,6 +31,10 @@ ts_status ts_io_atomic_open(ts_io_atomic *a, const char *path);
 ts_status ts_io_atomic_commit(ts_io_atomic *a);
 /* Closes and removes the temp file; frees a's fields. */
 void ts_io_atomic_abort(ts_io_atomic *a);
+/* Writes doc (json_dumpf flags, then a newline) to path through a temp
+ * file: a failure leaves an earlier path as it was, and its error names
+ * path and the reason ("write run/job.json: No space left on device"). */
+ts_status ts_io_atomic_write_json(const char *path, const json_t *doc, size_t flags);
 
 /* Flushes, fsyncs and closes f (a plain file written in place). */
 ts_status ts_io_close_synced(FILE *f, const char *path);

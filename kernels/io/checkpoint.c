@@ -107,18 +107,7 @@ static ts_status write_state(const char *dir, const ts_checkpoint_data *d) {
     }
     json_object_set_new(root, "files", files);
     if (!s) s = join(path, dir, "state.json");
-    if (!s) {
-        ts_io_atomic a;
-        s = ts_io_atomic_open(&a, path);
-        if (!s) {
-            if (json_dumpf(root, a.f, JSON_INDENT(2)) != 0 || fputc('\n', a.f) == EOF) {
-                s = ts_error(TS_ERR_IO, "checkpoint: cannot write %s", path);
-                ts_io_atomic_abort(&a);
-            } else {
-                s = ts_io_atomic_commit(&a);
-            }
-        }
-    }
+    if (!s) s = ts_io_atomic_write_json(path, root, JSON_INDENT(2));
     json_decref(root);
     return s;
 }

@@ -1,8 +1,9 @@
 /* test_misuse.c - what a careless user does to tessera-run, against the real
  * binary: checkpoint files that are not regular files, a resumed run's
  * metrics, a model too big for the machine (also in a cluster, and with
- * --force), a metrics.jsonl on a full disk, messages that must name the
- * file or field. Every run
+ * --force), a metrics.jsonl, job.json or chart data on a full disk, a
+ * cluster.log that cannot be made, messages that must name the file or
+ * field. Every run
  * goes through timeout(1), so a hang fails the test instead of stalling it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -81,6 +82,30 @@ static int resume_with(const char *tag, char *log, size_t cap, const char *job, 
 /* Fails unless log contains needle, printing the log. */
 static void expect_text(const char *log, const char *needle) {
     if (!strstr(log, needle)) fail_msg("expected \"%s\" in:\n%s", needle, log);
+}
+
+/* Writes text to path (a new file). */
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Fails unless the file path holds exactly text. */
+static void expect_file(const char *path, const char *text) {
+    char got[256];
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    tu_read_back(f, got, sizeof got);
+    assert_string_equal(got, text);
+}
+
+/* Makes the folder base/name as dir[300] and names dir/file in path[400]. */
+static void case_dir(const char *name, const char *file, char *dir, char *path) {
+    snprintf(dir, 300, "%s/%s", base, name);
+    snprintf(path, 400, "%s/%s", dir, file);
+    assert_int_equal(mkdir(dir, 0777), 0);
 }
 
 /* A checkpoint whose optim.safetensors is a symlink to /dev/zero, or whose
@@ -248,9 +273,7 @@ static void test_metrics_disk_full(void **state) {
     (void)state;
     static char log[16384];
     char dir[300], path[400];
-    snprintf(dir, sizeof dir, "%s/full", base);
-    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-    assert_int_equal(mkdir(dir, 0777), 0);
+    case_dir("full", "metrics.jsonl", dir, path);
     assert_int_equal(symlink("/dev/full", path), 0);
     assert_int_equal(run("full", log, sizeof log, "%s --set steps=20 --run-dir %s", MLP_JOB, dir), 1);
     expect_text(log, "metrics: cannot write ");
@@ -403,28 +426,72 @@ static void test_plot_leaves_nothing(void **state) {
     assert_int_equal(count_entries(dir), 0);
 
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("not a metrics line\n", f);
-    fclose(f);
+    write_text(path, "not a metrics line\n");
     snprintf(png, sizeof png, "%s/metrics.png", dir);
-    f = fopen(png, "w");
-    assert_non_null(f);
-    fputs("the earlier chart", f);
-    fclose(f);
+    write_text(png, "the earlier chart");
     assert_int_equal(run("plot-no-steps", log, sizeof log, "--plot %s", dir), 1);
     expect_text(log, "metrics.jsonl");
     assert_int_equal(count_entries(dir), 2);
-    f = fopen(png, "r");
-    assert_non_null(f);
-    char text[64];
-    tu_read_back(f, text, sizeof text);
-    assert_string_equal(text, "the earlier chart");
+    expect_file(png, "the earlier chart");
 
     assert_int_equal(remove(path), 0);
     assert_int_equal(symlink("/dev/zero", path), 0);
     assert_int_equal(run("plot-dev-zero", log, sizeof log, "--plot %s", dir), 1);
     expect_text(log, "is not a regular file");
+    assert_int_equal(count_entries(dir), 2);
+}
+
+/* A small job of the local cluster: one ps, one stand-in worker, 3 steps. */
+#define STANDIN_JOB "examples/standin.json --set steps=3 --set parallel.workers=1 --set parallel.servers=1 " \
+                    "--set parallel.min_workers=1 --set parallel.max_workers=1 --set standin.step_ms=0"
+/* A disk as good as full: files are cut at 512 bytes (EFBIG, not a signal). */
+#define DISK_FULL "trap '' XFSZ; ulimit -f 1;"
+
+/* A cluster's job.json that cannot be written whole (a full disk) fails
+ * the start naming the file and the reason; a job.json the folder held
+ * stays whole and no temp file is left beside it. */
+static void test_job_file_disk_full(void **state) {
+    (void)state;
+    static char log[16384];
+    char dir[300], path[400];
+    case_dir("job-full", "job.json", dir, path);
+    write_text(path, "{\"name\": \"earlier\"}\n");
+    assert_int_equal(run_prog(DISK_FULL, "tessera-run", "job-full", log, sizeof log, "%s --run-dir %s", STANDIN_JOB,
+                              dir), 1);
+    expect_text(log, "/job-full/job.json: File too large");
+    expect_file(path, "{\"name\": \"earlier\"}\n");
+    assert_int_equal(count_entries(dir), 2); /* job.json and .lock */
+}
+
+/* A cluster.log that cannot be made (a folder is in its place) is said,
+ * naming it; the job trains on. */
+static void test_cluster_log_unwritable(void **state) {
+    (void)state;
+    static char log[16384];
+    char dir[300], path[400];
+    case_dir("log-dir", "cluster.log", dir, path);
+    assert_int_equal(mkdir(path, 0777), 0);
+    assert_int_equal(run("log-dir", log, sizeof log, "%s --run-dir %s", STANDIN_JOB, dir), 0);
+    expect_text(log, "[run] cannot write ");
+    expect_text(log, "/log-dir/cluster.log: Is a directory");
+}
+
+/* --plot whose data files cannot be written whole (a full disk) exits 1
+ * naming the file, and draws no truncated chart over the earlier one. */
+static void test_plot_disk_full(void **state) {
+    (void)state;
+    static char log[16384];
+    char dir[300], path[400], png[400];
+    case_dir("plot-full", "metrics.jsonl", dir, path);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 1; i <= 300; i++) fprintf(f, "{\"kind\": \"step\", \"step\": %d, \"loss\": %g}\n", i, 2.0 / i);
+    assert_int_equal(fclose(f), 0);
+    snprintf(png, sizeof png, "%s/metrics.png", dir);
+    write_text(png, "the earlier chart");
+    assert_int_equal(run_prog(DISK_FULL, "tessera-run", "plot-full", log, sizeof log, "--plot %s", dir), 1);
+    expect_text(log, "/plot-full/plot-steps.dat: File too large");
+    expect_file(png, "the earlier chart");
     assert_int_equal(count_entries(dir), 2);
 }
 
@@ -442,6 +509,9 @@ int main(void) {
         cmocka_unit_test(test_consolidate_trailing_slash),
         cmocka_unit_test(test_plot_leaves_nothing),
         cmocka_unit_test(test_metrics_disk_full),
+        cmocka_unit_test(test_job_file_disk_full),
+        cmocka_unit_test(test_cluster_log_unwritable),
+        cmocka_unit_test(test_plot_disk_full),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0) tu_remove_dir(base);
