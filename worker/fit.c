@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/data/idx.h"
+#include "kernels/data/text.h"
 #include "kernels/optim/optim.h"
 #include "proto/job_model.h"
 #include "worker/trainer.h"
@@ -96,18 +97,21 @@ static void pipeline_share(const ts_job *job, ts_model_memory *e) {
     e->total_bytes = e->param_bytes + e->grad_bytes + e->optim_bytes + e->activation_bytes;
 }
 
-/* Bytes the job's data set takes in memory, from the Fashion-MNIST files'
- * headers: each image file's pixels as f32 plus the bytes read to make
- * them, each label as i64 plus its byte. 0 when a file cannot be read (the
- * loading names it) and for a text corpus (its bytes, seldom the most). */
+/* Bytes the job's data set takes in memory: a text corpus's bytes (the
+ * files' sizes); from the Fashion-MNIST files' headers each image file's
+ * pixels as f32 plus the bytes read to make them, each label as i64 plus
+ * its byte. 0 when a file cannot be read (the loading names it). */
 static double data_bytes(const ts_job *job) {
-    if (job->data.kind != TS_JOB_FASHION_MNIST) return 0;
+    const char *path = job->data.path[0] ? job->data.path : NULL;
+    if (job->data.kind == TS_JOB_TEXT) {
+        int64_t n;
+        return ts_text_size(path, &n) ? 0 : (double)n;
+    }
     double bytes = 0;
     for (int train = 0; train < 2; train++) {
         char images[4096], labels[4096];
         int64_t pixels, n;
-        if (ts_idx_fashion_mnist_paths(job->data.path[0] ? job->data.path : NULL, train, images, labels,
-                                       sizeof images) ||
+        if (ts_idx_fashion_mnist_paths(path, train, images, labels, sizeof images) ||
             ts_idx_numel(images, &pixels) || ts_idx_numel(labels, &n))
             return 0;
         bytes += 5.0 * (double)pixels + 9.0 * (double)n;

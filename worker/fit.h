@@ -3,7 +3,8 @@
  * ts_fit_check() estimates what training the job takes in one process
  * (ts_model_estimate: parameters, gradients, optimizer state, a rough
  * activation figure at the job's batch) and its data set in memory (the
- * Fashion-MNIST images as f32, sized from the files' headers) and compares
+ * Fashion-MNIST images as f32, sized from the files' headers; a text
+ * corpus's bytes, from the files' sizes) and compares
  * it with the memory available to this process: the room left under the
  * cgroup memory limit of this process's cgroup and its ancestors (v2
  * memory.max, v1 memory.limit_in_bytes), or MemAvailable of /proc/meminfo,

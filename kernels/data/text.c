@@ -57,6 +57,36 @@ static ts_status walk(const char *dir, path_list *l, int depth) {
 
 static int path_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+static void list_free(path_list *l) {
+    for (int i = 0; i < l->n; i++) free(l->v[i]);
+    free(l->v);
+}
+
+/* The corpus's files into l: path itself, or the text files under the
+ * folder path, in sorted order. Errors name path. */
+static ts_status list_files(const char *path, path_list *l) {
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return ts_error(TS_ERR_IO, "text %s: cannot open: %s%s", path, strerror(errno),
+                        strcmp(path, TS_TEXT_DEFAULT_PATH) == 0 ? " (install the Debian package fortunes)" : "");
+    ts_status s = S_ISDIR(sb.st_mode) ? walk(path, l, 0) : list_push(l, path);
+    if (!s && l->n > 1) qsort(l->v, (size_t)l->n, sizeof(char *), path_cmp);
+    return s;
+}
+
+ts_status ts_text_size(const char *path, int64_t *bytes) {
+    if (!path) path = TS_TEXT_DEFAULT_PATH;
+    path_list files = {0};
+    ts_status s = list_files(path, &files);
+    int64_t n = 0;
+    struct stat sb;
+    for (int i = 0; !s && i < files.n; i++)
+        if (stat(files.v[i], &sb) == 0) n += sb.st_size;
+    list_free(&files);
+    if (!s) *bytes = n;
+    return s;
+}
+
 static ts_status grow(uint8_t **buf, int64_t *cap, int64_t need) {
     if (need <= *cap) return TS_OK;
     int64_t c = *cap ? *cap : 1 << 16;
@@ -117,21 +147,13 @@ ts_text_corpus *ts_text_load(const char *path, double val_fraction) {
         ts_error(TS_ERR_VALUE, "text %s: validation fraction %g is not in [0, 1)", path, val_fraction);
         return NULL;
     }
-    struct stat sb;
-    if (stat(path, &sb) != 0) {
-        ts_error(TS_ERR_IO, "text %s: cannot open: %s%s", path, strerror(errno),
-                 strcmp(path, TS_TEXT_DEFAULT_PATH) == 0 ? " (install the Debian package fortunes)" : "");
-        return NULL;
-    }
     path_list files = {0};
-    ts_status s = S_ISDIR(sb.st_mode) ? walk(path, &files, 0) : list_push(&files, path);
+    ts_status s = list_files(path, &files);
     ts_text_corpus *c = calloc(1, sizeof *c);
     if (!s && !c) s = ts_error(TS_ERR_MEMORY, "text %s: out of memory", path);
-    if (!s && files.n > 1) qsort(files.v, (size_t)files.n, sizeof(char *), path_cmp);
     int64_t caps[2] = {0, 0};
     for (int i = 0; !s && i < files.n; i++) s = add_file(c, files.v[i], val_fraction, caps);
-    for (int i = 0; i < files.n; i++) free(files.v[i]);
-    free(files.v);
+    list_free(&files);
     if (!s && c->n_train == 0) s = ts_error(TS_ERR_VALUE, "text %s: no text found (%d files)", path, c->nfiles);
     if (s) {
         ts_text_free(c);

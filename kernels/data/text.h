@@ -30,6 +30,9 @@ typedef struct {
  * last val_fraction (in [0, 1)) of each file. */
 ts_text_corpus *ts_text_load(const char *path, double val_fraction);
 void ts_text_free(ts_text_corpus *c);
+/* Bytes of the corpus at path (NULL: the fortunes folder), from the sizes
+ * of the files ts_text_load would read: what it holds in memory. */
+ts_status ts_text_size(const char *path, int64_t *bytes);
 
 /* Windows of T+1 bytes over the training (or validation) part, one every
  * stride bytes (stride <= 0: T). The corpus must outlive the dataset. */

@@ -1,7 +1,8 @@
 /* test_fit.c - the memory check before a model is built: a pipeline stage
  * is judged by what it holds (about 1/P of the model and its micro-batches
  * in flight), so a model too big for one process fits as stages; the data
- * set counts too (Fashion-MNIST's images as f32 dwarf a small MLP). */
+ * set counts too (Fashion-MNIST's images as f32 dwarf a small MLP; a text
+ * corpus by its bytes). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -62,34 +63,68 @@ static void write_idx(const char *dir, const char *name, uint32_t n, bool images
     assert_int_equal(fclose(f), 0);
 }
 
+/* The job of doc with data.path dir: its model alone is under 1 MiB, but
+ * with its data set it does not fit in 4 MiB (the message says data_set),
+ * while it fits in room; then removes dir. */
+static void expect_data_set(const char *dir, const char *doc, const char *data_set, uint64_t room) {
+    char set[300], cmd[300];
+    snprintf(set, sizeof set, "data.path=%s", dir);
+    const char *sets[] = {set};
+    ts_job job;
+    assert_int_equal(ts_job_parse(doc, sets, 1, &job), TS_OK);
+    assert_true(whole_bytes(&job) < 1 << 20);
+    assert_int_equal(ts_fit_check(&job, 4 << 20, "test"), TS_ERR_MEMORY);
+    if (!strstr(ts_last_error(), data_set)) fail_msg("expected \"%s\" in: %s", data_set, ts_last_error());
+    assert_int_equal(ts_fit_check(&job, room, "test"), TS_OK);
+    snprintf(cmd, sizeof cmd, "rm -r %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* 2000 + 500 images of 28 x 28 take about 9 MiB as f32 (and the bytes they
  * are read from), a 784-16-10 MLP at batch 8 a few hundred KiB: 4 MiB is
  * too little, which the model alone would not show. */
 static void test_data_set_counts(void **state) {
     (void)state;
-    char dir[] = "/tmp/tessera-fit-XXXXXX", set[300], cmd[300];
+    char dir[] = "/tmp/tessera-fit-XXXXXX";
     assert_non_null(mkdtemp(dir));
     write_idx(dir, "train-images-idx3-ubyte", 2000, true);
     write_idx(dir, "train-labels-idx1-ubyte", 2000, false);
     write_idx(dir, "t10k-images-idx3-ubyte", 500, true);
     write_idx(dir, "t10k-labels-idx1-ubyte", 500, false);
-    snprintf(set, sizeof set, "data.path=%s", dir);
-    const char *sets[] = {set};
-    ts_job job;
-    assert_int_equal(ts_job_parse("{\"model\": {\"arch\": \"mlp\", \"hidden\": [16]}, \"train\": {\"batch_size\": 8}}",
-                                  sets, 1, &job), TS_OK);
-    assert_true(whole_bytes(&job) < 1 << 20);
-    assert_int_equal(ts_fit_check(&job, 4 << 20, "test"), TS_ERR_MEMORY);
-    assert_non_null(strstr(ts_last_error(), "data set 9.4 MiB"));
-    assert_int_equal(ts_fit_check(&job, 16 << 20, "test"), TS_OK);
-    snprintf(cmd, sizeof cmd, "rm -r %s", dir);
-    assert_int_equal(system(cmd), 0);
+    expect_data_set(dir, "{\"model\": {\"arch\": \"mlp\", \"hidden\": [16]}, \"train\": {\"batch_size\": 8}}",
+                    "data set 9.4 MiB", 16 << 20);
+}
+
+/* Writes n bytes of 'a' to dir/name. */
+static void write_bytes(const char *dir, const char *name, size_t n) {
+    char path[300];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    for (size_t i = 0; i < n; i++) fputc('a', f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* A text corpus counts by its bytes, as its loading reads them (a fortune
+ * index file "*.dat" is skipped): 6 MiB of text beside a GPT of a few KiB
+ * do not fit in 4 MiB. */
+static void test_text_corpus_counts(void **state) {
+    (void)state;
+    char dir[] = "/tmp/tessera-fit-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    write_bytes(dir, "a.txt", 4 << 20);
+    write_bytes(dir, "b.txt", 2 << 20);
+    write_bytes(dir, "b.dat", 8 << 20);
+    expect_data_set(dir, "{\"model\": {\"arch\": \"gpt\", \"n_layer\": 1, \"n_head\": 1, \"n_embd\": 8, "
+                    "\"block_size\": 8}, \"data\": {\"kind\": \"text\"}, \"train\": {\"batch_size\": 2}}",
+                    "data set 6.0 MiB", 8 << 20);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pipeline_stage_share),
         cmocka_unit_test(test_data_set_counts),
+        cmocka_unit_test(test_text_corpus_counts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
