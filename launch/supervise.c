@@ -9,6 +9,8 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include "launch/oom.h"
+
 void ts_super_name(const ts_child *c, char *out, size_t cap) {
     if (c->role == TS_ROLE_SCHEDULER)
         snprintf(out, cap, "scheduler");
@@ -170,6 +172,7 @@ ts_child *ts_super_spawn(ts_super *s, ts_proto_role role, int rank, const char *
     c->super = s;
     c->role = role;
     c->rank = rank;
+    c->oom_kills = ts_oom_kills();
     stream_init(s, c, &c->out, stdout);
     stream_init(s, c, &c->err, stderr);
     char ppid[32], path[8192];
@@ -229,6 +232,7 @@ int ts_super_live(const ts_super *s) {
 
 void ts_super_signal(ts_child *c, int signum) {
     if (!c->running) return;
+    c->sent_kill |= signum == SIGKILL;
     pid_t pid = c->proc.pid;
     if (kill(-pid, signum) != 0) kill(pid, signum);
     if (signum != SIGKILL && signum != SIGCONT && kill(-pid, SIGCONT) != 0)
@@ -266,7 +270,14 @@ void ts_super_close(ts_super *s) {
 void ts_super_describe_exit(const ts_child *c, char *out, size_t cap) {
     char who[64];
     ts_super_name(c, who, sizeof who);
-    if (c->term_signal)
+    int64_t oom = c->term_signal == SIGKILL && !c->sent_kill && c->oom_kills >= 0 ? ts_oom_kills() - c->oom_kills : -1;
+    if (c->term_signal == SIGKILL && !c->sent_kill && oom > 0)
+        snprintf(out, cap, "%s exited with signal 9 (SIGKILL; the kernel's OOM killer killed %lld process%s meanwhile: "
+                           "it may have run out of memory)", who, (long long)oom, oom == 1 ? "" : "es");
+    else if (c->term_signal == SIGKILL && !c->sent_kill)
+        snprintf(out, cap, "%s exited with signal 9 (SIGKILL, from another process%s)", who,
+                 oom == 0 ? ": the kernel's OOM killer killed none meanwhile" : ", or the kernel's OOM killer");
+    else if (c->term_signal)
         snprintf(out, cap, "%s exited with signal %d", who, c->term_signal);
     else
         snprintf(out, cap, "%s exited with status %lld", who,

@@ -48,6 +48,8 @@ struct ts_child {
     int running;          /* spawned and not yet exited */
     int64_t exit_status;
     int term_signal;
+    int sent_kill;        /* tessera-run sent it SIGKILL */
+    int64_t oom_kills;    /* ts_oom_kills() when it started */
     int handles_open;     /* proc + pipes not yet closed */
     char last_err[TS_LINE_MAX]; /* last stderr line, for failure reasons */
     int lines_out;        /* stdout lines seen so far */
@@ -117,8 +119,11 @@ void ts_super_close(ts_super *s);
  * known), "scheduler". */
 void ts_super_name(const ts_child *c, char *out, size_t cap);
 
-/* Reason text of a done child: "worker 2 exited with signal 9" or
- * "... with status 1"; out gets at most cap bytes. */
+/* Reason text of a done child: "worker 2 exited with status 1", "... with
+ * signal 11"; for a SIGKILL tessera-run did not send, whether the kernel's
+ * OOM killer killed a process meanwhile ("worker 2 exited with signal 9
+ * (SIGKILL; the kernel's OOM killer killed 1 process meanwhile: it may
+ * have run out of memory)"); out gets at most cap bytes. */
 void ts_super_describe_exit(const ts_child *c, char *out, size_t cap);
 
 /* The "--exec-child PARENT_PID PROG ARGS..." trampoline: sets the parent

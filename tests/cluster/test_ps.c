@@ -332,7 +332,8 @@ static void test_kill_worker(void **state) {
     bool by_3 = !strncmp(line, "[worker 3] ", 11); /* the new leader says it */
     free(text);
     if (!by_3) th_dump(&p, "the new leader (worker 3) did not report the new world size");
-    th_expect_output(&p, "worker 2 exited with signal 9, restart budget 0 used up; the job goes on with 2 workers", 0);
+    th_expect_output(&p, "worker 2 exited with signal 9 (SIGKILL", 0);
+    th_expect_output(&p, "), restart budget 0 used up; the job goes on with 2 workers", 0);
     th_expect_output(&p, at_end, 0);
     double loss[MAX_STEPS];
     assert_int_equal(read_losses(run, loss), STEPS); /* the metrics go on to the end */
@@ -371,7 +372,8 @@ static void lose_shard(const char *name, int sig) {
     assert_true(victim > 0);
     kill(victim, sig);
     if (sig == SIGSTOP) th_expect_output(&p, "[run] the scheduler declared ps 1 dead and its process ", 10000);
-    th_expect_output(&p, "[run] ps 1 exited with signal 9; restarting it (restart 1 of 1)", 10000);
+    th_expect_output(&p, "[run] ps 1 exited with signal 9", 10000); /* a kill -9 says more: "(SIGKILL, ...)" */
+    th_expect_output(&p, "; restarting it (restart 1 of 1)", 0);
     th_expect_output(&p, "shard 1: restored to step ", 20000);
     th_expect_output(&p, "and replays ", 20000);
     finish_run(&p, 120000);
@@ -450,7 +452,8 @@ static void test_kill_primary_twice(void **state) {
     assert_true(first > 0 && second > 0);
     kill(first, SIGKILL);
     th_expect_output(&p, "shard 0: promoted to primary at step ", 20000);
-    th_expect_output(&p, "[run] ps 0 exited with signal 9; restarting it (restart 1 of 1)", 10000);
+    th_expect_output(&p, "[run] ps 0 exited with signal 9 (SIGKILL", 10000);
+    th_expect_output(&p, "); restarting it (restart 1 of 1)", 0);
     th_expect_output(&p, "shard 0: rank 0 took the state of step ", 30000);
     if (th_count(&p, "step 600/600")) th_dump(&p, "the job ended before the restarted rank 0 took the state");
     kill(second, SIGKILL);
