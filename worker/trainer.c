@@ -516,6 +516,22 @@ static ts_status log_line(ts_trainer *t, const ts_step_stats *s) {
     return TS_OK;
 }
 
+/* Says which steps before `first`, the next this leader logs, have no line
+ * that train.log_every asked for: every worker that took them left before
+ * logging them (one that adopted their state, as a ps job's restarted
+ * workers do, has no loss of them to log). */
+static void say_unlogged(const ts_trainer *t, int64_t first) {
+    int64_t every = t->job.train.log_every, from = (t->logged_step / every + 1) * every;
+    if (from >= first) return;
+    int64_t to = (first - 1) / every * every;
+    if (from == to)
+        printf("metrics.jsonl: step %lld has no line: every worker that took it left before logging it\n",
+               (long long)from);
+    else
+        printf("metrics.jsonl: steps %lld to %lld have no lines: every worker that took them left before logging "
+               "them\n", (long long)from, (long long)to);
+}
+
 ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s) {
     ts_step_stats before = t->last_taken;
     t->last_taken = *s;
@@ -535,7 +551,9 @@ ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s) {
         return ts_last_status();
     /* the step before, which this rank took (or adopted) and no leader
      * logged: the one that took it left before it could */
-    ts_status st = before.step == s->step - 1 && before.step > t->logged_step ? log_line(t, &before) : TS_OK;
+    bool late = before.step == s->step - 1 && before.step > t->logged_step;
+    say_unlogged(t, late ? before.step : s->step);
+    ts_status st = late ? log_line(t, &before) : TS_OK;
     return st ? st : log_line(t, s);
 }
 

@@ -21,7 +21,8 @@
  * ends the workers once it is declared dead, naming its last server; a
  * stopped primary with a backup is ended once the job completed. A leader
  * that exits between a step due a checkpoint and its save (TESSERA_FAULT)
- * leaves the next leader to log the step and write its checkpoint.
+ * leaves the next leader to log the step and write its checkpoint; when
+ * every worker exits there, the restarted leader says the step has no line.
  * Run one test by name: cluster_test_ps <name>.
  */
 #include <setjmp.h>
@@ -405,6 +406,28 @@ static void test_leader_exit(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Every worker exits once the job took step 10, before any logs it; the
+ * restarted workers adopt the shards' step 10, whose loss none of them
+ * has, and go on from there: the log says that step 10 has no line.
+ * Before, metrics.jsonl went from step 9 to 11 unexplained. */
+static void test_workers_exit(void **state) {
+    (void)state;
+    const char *job = th_job_file("ps-workers-exit", "mlp", 20, 16, 1,
+                                  FAULT_PARALLEL ", \"max_restarts\": 4, \"min_workers\": 2, "
+                                  "\"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 5000");
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path("ps-workers-exit"), NULL};
+    setenv("TESSERA_FAULT", "workers_exit@10", 1);
+    th_proc run = th_start("ps-workers-exit", argv);
+    unsetenv("TESSERA_FAULT");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after the fault");
+    if (th_count(&run, "ps: TESSERA_FAULT: rank 3 exits after step 10") != 1) th_dump(&run, "no fault at step 10");
+    if (th_count(&run, "metrics.jsonl: step 10 has no line: every worker that took it left before logging it") != 1)
+        th_dump(&run, "the leader did not say that step 10 has no line");
+    double loss[MAX_STEPS];
+    assert_int_equal(read_losses(th_path("ps-workers-exit"), loss), 20);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 static void test_kill_shard(void **state) {
     (void)state;
     lose_shard("kills", SIGKILL);
@@ -679,6 +702,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_many_shards),
         cmocka_unit_test(test_async_bounded),   cmocka_unit_test(test_join),
         cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_leader_exit),
+        cmocka_unit_test(test_workers_exit),
         cmocka_unit_test(test_kill_shard),      cmocka_unit_test(test_stop_shard),
         cmocka_unit_test(test_kill_primary),    cmocka_unit_test(test_kill_primary_twice),
         cmocka_unit_test(test_resume), cmocka_unit_test(test_resume_reshard),
