@@ -14,6 +14,7 @@
 #include "launch/launch.h"
 #include "launch/supervise.h"
 #include "launch/train.h"
+#include "worker/fit.h"
 #include "worker/trainer.h"
 
 static const char usage[] =
@@ -304,8 +305,11 @@ int main(int argc, char **argv) {
                                                          .force = c.force});
         } else if (c.mode == MODE_MPI) {
             code = ts_launch_mpi(&o, c.role, argc, argv);
-        } else if (ts_trainer_steps(&o.job, &o.job.steps) != TS_OK) {
-            /* the scheduler ends a cluster job by its steps: the epochs' counted */
+        } else if (ts_trainer_steps(&o.job, &o.job.steps) != TS_OK ||
+                   (!c.force && ts_fit_check_here(&o.job, o.job.parallel.workers) != TS_OK)) {
+            /* the scheduler ends a cluster job by its steps: the epochs'
+             * counted; its workers on this machine share its memory, each
+             * of them checks its own share only */
             fprintf(stderr, "tessera-run: %s\n", ts_last_error());
             code = 2;
         } else {

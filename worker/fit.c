@@ -126,7 +126,7 @@ static const char *size_str(double bytes, char *buf, size_t cap) {
     return buf;
 }
 
-ts_status ts_fit_check(const ts_job *job, uint64_t available, const char *source) {
+ts_status ts_fit_check(const ts_job *job, int workers, uint64_t available, const char *source) {
     ts_model_spec spec;
     ts_status st = ts_job_model_spec(job, &spec);
     if (st) return st;
@@ -136,23 +136,27 @@ ts_status ts_fit_check(const ts_job *job, uint64_t available, const char *source
     if ((st = ts_model_estimate(&spec, job->train.batch_size, ts_optim_state_slots(&oc), job->train.bf16, &e)))
         return st;
     pipeline_share(job, &e);
-    double data = data_bytes(job), total = e.total_bytes + data;
+    double data = data_bytes(job), each = e.total_bytes + data, total = each * (workers > 1 ? workers : 1);
     if (total <= (double)available) return TS_OK;
     static const char *const archs[] = {"mlp", "cnn", "gpt"};
-    char sz[7][32];
+    char sz[8][32], many[96] = "";
+    if (workers > 1)
+        snprintf(many, sizeof many, " in each of its %d workers on this machine, %s in all", workers,
+                 size_str(total, sz[7], 32));
     return ts_error(TS_ERR_MEMORY,
-                    "model: %s of %.3g parameters needs about %s to train (parameters %s, gradients %s, "
+                    "model: %s of %.3g parameters needs about %s to train%s (parameters %s, gradients %s, "
                     "optimizer state %s, activations %s at train.batch_size %lld, data set %s) but %s are available "
-                    "(%s); make the model or the batch smaller, or pass --force to try anyway",
-                    archs[job->model.arch], e.parameters, size_str(total, sz[0], 32),
+                    "(%s); make the model or the batch smaller%s, or pass --force to try anyway",
+                    archs[job->model.arch], e.parameters, size_str(each, sz[0], 32), many,
                     size_str(e.param_bytes, sz[1], 32), size_str(e.grad_bytes, sz[2], 32), size_str(e.optim_bytes, sz[3], 32),
                     size_str(e.activation_bytes, sz[4], 32), (long long)job->train.batch_size,
-                    size_str(data, sz[5], 32), size_str((double)available, sz[6], 32), source);
+                    size_str(data, sz[5], 32), size_str((double)available, sz[6], 32), source,
+                    workers > 1 ? ", run fewer workers here" : "");
 }
 
-ts_status ts_fit_check_here(const ts_job *job) {
+ts_status ts_fit_check_here(const ts_job *job, int workers) {
     uint64_t available;
     char source[1200];
     ts_status st = ts_fit_available(&available, source, sizeof source);
-    return st ? st : ts_fit_check(job, available, source);
+    return st ? st : ts_fit_check(job, workers, available, source);
 }

@@ -25,14 +25,17 @@
  * ("cgroup limit /sys/fs/cgroup/...", "MemAvailable"). */
 ts_status ts_fit_available(uint64_t *bytes, char *source, size_t cap);
 
-/* TS_OK when training job's model and data fit in available bytes, else
- * TS_ERR_MEMORY: "model: cnn of 3.78e+09 parameters needs about 60.56 GiB
- * to train (parameters 14.08 GiB, gradients 14.08 GiB, optimizer state
- * 28.16 GiB, activations 4.00 GiB at train.batch_size 128, data set
- * 262.0 MiB) but 21.50 GiB are available (MemAvailable); ...". */
-ts_status ts_fit_check(const ts_job *job, uint64_t available, const char *source);
+/* TS_OK when training job's model and data, in each of `workers`
+ * processes that share the memory (1: one process), fit in available
+ * bytes, else TS_ERR_MEMORY: "model: cnn of 3.78e+09 parameters needs
+ * about 60.56 GiB to train (parameters 14.08 GiB, gradients 14.08 GiB,
+ * optimizer state 28.16 GiB, activations 4.00 GiB at train.batch_size 128,
+ * data set 262.0 MiB) but 21.50 GiB are available (MemAvailable); ..."
+ * (with workers > 1: "... to train in each of its 4 workers on this
+ * machine, 242.2 GiB in all (..."). */
+ts_status ts_fit_check(const ts_job *job, int workers, uint64_t available, const char *source);
 
 /* ts_fit_check against ts_fit_available(). */
-ts_status ts_fit_check_here(const ts_job *job);
+ts_status ts_fit_check_here(const ts_job *job, int workers);
 
 #endif

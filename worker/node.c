@@ -107,7 +107,7 @@ static int await_shutdown(ts_member *m) {
 }
 
 int ts_worker_run(const ts_worker_options *o) {
-    if (!o->force && ts_fit_check_here(o->job)) {
+    if (!o->force && ts_fit_check_here(o->job, 1)) {
         fprintf(stderr, "%s: %s\n", o->prog, ts_last_error());
         return 1;
     }

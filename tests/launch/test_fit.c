@@ -39,11 +39,34 @@ static void test_pipeline_stage_share(void **state) {
     assert_int_equal(ts_job_parse(text, pipe, 3, &stages), TS_OK);
     double whole = whole_bytes(&local);
     uint64_t room = (uint64_t)(0.4 * whole); /* less than half the model */
-    assert_int_equal(ts_fit_check(&local, room, "test"), TS_ERR_MEMORY);
+    assert_int_equal(ts_fit_check(&local, 1, room, "test"), TS_ERR_MEMORY);
     assert_non_null(strstr(ts_last_error(), "needs about"));
-    assert_int_equal(ts_fit_check(&stages, room, "test"), TS_OK);
+    assert_int_equal(ts_fit_check(&stages, 1, room, "test"), TS_OK);
     /* a quarter of the model is still too much in a tenth of it */
-    assert_int_equal(ts_fit_check(&stages, (uint64_t)(0.1 * whole), "test"), TS_ERR_MEMORY);
+    assert_int_equal(ts_fit_check(&stages, 1, (uint64_t)(0.1 * whole), "test"), TS_ERR_MEMORY);
+}
+
+/* The workers of a cluster on one machine share its memory: a model that
+ * fits one of them alone does not fit two (once each checked its own
+ * share only, and together they were killed by the OOM killer). */
+static void test_workers_share_the_machine(void **state) {
+    (void)state;
+    const char *text = "{\"model\": {\"arch\": \"gpt\", \"n_layer\": 4, \"n_embd\": 128, \"n_head\": 4}, "
+                       "\"data\": {\"kind\": \"text\"}, \"train\": {\"batch_size\": 16}}";
+    ts_job job;
+    assert_int_equal(ts_job_parse(text, NULL, 0, &job), TS_OK);
+    uint64_t lo = 0, hi = (uint64_t)1 << 40; /* the least room one worker fits in */
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        *(ts_fit_check(&job, 1, mid, "test") == TS_OK ? &hi : &lo) = mid;
+    }
+    uint64_t room = hi + hi / 2;
+    assert_int_equal(ts_fit_check(&job, 1, room, "test"), TS_OK);
+    assert_int_equal(ts_fit_check(&job, 2, 2 * hi, "test"), TS_OK);
+    assert_int_equal(ts_fit_check(&job, 2, room, "test"), TS_ERR_MEMORY);
+    const char *e = ts_last_error();
+    if (!strstr(e, "in each of its 2 workers on this machine") || !strstr(e, "run fewer workers here"))
+        fail_msg("the refusal does not say the workers share the machine: %s", e);
 }
 
 /* Writes dir/name, an IDX file of n zero bytes of dims n (labels) or
@@ -73,9 +96,9 @@ static void expect_data_set(const char *dir, const char *doc, const char *data_s
     ts_job job;
     assert_int_equal(ts_job_parse(doc, sets, 1, &job), TS_OK);
     assert_true(whole_bytes(&job) < 1 << 20);
-    assert_int_equal(ts_fit_check(&job, 4 << 20, "test"), TS_ERR_MEMORY);
+    assert_int_equal(ts_fit_check(&job, 1, 4 << 20, "test"), TS_ERR_MEMORY);
     if (!strstr(ts_last_error(), data_set)) fail_msg("expected \"%s\" in: %s", data_set, ts_last_error());
-    assert_int_equal(ts_fit_check(&job, room, "test"), TS_OK);
+    assert_int_equal(ts_fit_check(&job, 1, room, "test"), TS_OK);
     snprintf(cmd, sizeof cmd, "rm -r %s", dir);
     assert_int_equal(system(cmd), 0);
 }
@@ -123,6 +146,7 @@ static void test_text_corpus_counts(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pipeline_stage_share),
+        cmocka_unit_test(test_workers_share_the_machine),
         cmocka_unit_test(test_data_set_counts),
         cmocka_unit_test(test_text_corpus_counts),
     };
