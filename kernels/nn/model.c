@@ -116,9 +116,12 @@ static ts_status init_param(ts_param *p, ts_key key) {
         for (int64_t i = 0; i < p->numel; i++) v[i] = (float)(v[i] * p->init.a);
         break;
     }
-    for (int64_t i = 0; i < p->numel; i++) ts_tensor_set(p->value, i, v[i]);
+    /* one copy (converting to the model's dtype), not a write per element */
+    ts_tensor *drawn = ts_tensor_from_data(TS_F32, p->ndim, p->shape, v);
     free(v);
-    return TS_OK;
+    ts_status st = drawn ? ts_tensor_copy_(p->value, drawn) : ts_last_status();
+    ts_tensor_release(drawn);
+    return st;
 }
 
 /* A parameter's own key: key folded with a hash (FNV-1a) of its name, so
