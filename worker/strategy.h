@@ -134,6 +134,8 @@ struct ts_strategy {
                           * ranks run forwards together (see above) */
     bool stop_agreed;    /* the group agreed that this step is the last
                           * (a STOP): the loop saves and ends */
+    bool save_abandoned; /* the last save was given up, nothing written
+                          * (the world changed in it); set by save */
     bool no_optim_state; /* the optimizer steps elsewhere (a ps job's
                           * shards): the model keeps no optimizer state,
                           * and its whole checkpoints hold none */

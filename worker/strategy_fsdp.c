@@ -1094,6 +1094,7 @@ static ts_status fsdp_save(ts_strategy *s, char *path, size_t cap) {
     if (!lost) lost = ts_dp_group_meet(&f->g, TS_COMM_BROADCAST, &ok, &ok, 1, TS_I64);
     if (lost) {
         fprintf(stderr, "checkpoint of step %lld abandoned: %s\n", (long long)t->step, ts_last_error());
+        s->save_abandoned = true;
         if (cap) path[0] = '\0';
         return TS_OK;
     }

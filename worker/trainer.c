@@ -694,6 +694,18 @@ static bool more_steps(const ts_trainer *t, volatile sig_atomic_t *stop) {
  * final evaluation moved it back (a lost shard reloaded): it trains on. */
 static bool moved_back(const ts_trainer *t) { return t->step < t->total_steps && !t->strategy->finished; }
 
+/* A checkpoint of the current step into path, unless *saved says that
+ * one of it was already written (its path is still there); *saved becomes
+ * the step once the save went through (not when the strategy abandoned
+ * it because the world changed in it). */
+static ts_status save_once(ts_trainer *t, char *path, size_t cap, int64_t *saved) {
+    if (*saved == t->step) return TS_OK;
+    t->strategy->save_abandoned = false;
+    ts_status st = ts_trainer_save(t, path, cap);
+    if (!st && !t->strategy->save_abandoned) *saved = t->step;
+    return st;
+}
+
 ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop) {
     const ts_job_train *tr = &t->job.train;
     if (t->strategy->group.leader) ts_metrics_banner(t);
@@ -707,27 +719,26 @@ ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop) {
             /* failed, or the job ended before a step (a regroup may also
              * have moved the job back, so the step count tells nothing) */
             if (st || !s.taken) break;
+            if (t->step <= saved) saved = -1; /* moved back: ckpt is of another path */
             if ((st = ts_trainer_log_step(t, &s))) break;
             if (tr->eval_every && t->step % tr->eval_every == 0 && t->step < t->total_steps) st = run_eval(t, false);
-            if (!st && tr->checkpoint_every && t->step % tr->checkpoint_every == 0) {
-                st = ts_trainer_save(t, ckpt, sizeof ckpt);
-                saved = t->step;
-            }
+            if (!st && tr->checkpoint_every && t->step % tr->checkpoint_every == 0)
+                st = save_once(t, ckpt, sizeof ckpt, &saved);
         }
         if (t->strategy->group.leader) ts_metrics_end_progress();
         if (st || t->strategy->finished) return st;
         if (t->strategy->stop_agreed) {
-            if (saved != t->step) st = ts_trainer_save(t, ckpt, sizeof ckpt);
+            st = save_once(t, ckpt, sizeof ckpt, &saved);
             if (!st && ckpt[0]) printf("stopped after step %lld as the job was asked to; checkpoint %s\n",
                                       (long long)t->step, ckpt);
             return st;
         }
         if (stop && *stop) {
-            st = ts_trainer_save(t, ckpt, sizeof ckpt);
+            st = save_once(t, ckpt, sizeof ckpt, &saved);
             if (!st && ckpt[0]) printf("interrupted at step %lld; checkpoint %s\n", (long long)t->step, ckpt);
             return st ? st : ts_error(TS_ERR_STATE, "training interrupted at step %lld", (long long)t->step);
         }
-        st = ts_trainer_save(t, ckpt, sizeof ckpt);
+        st = save_once(t, ckpt, sizeof ckpt, &saved);
         if (!st) st = run_eval(t, false);
         if (!st && t->test_set && !t->strategy->finished && !moved_back(t)) st = run_eval(t, true);
         if (st || !moved_back(t)) break;

@@ -5,7 +5,8 @@
  * with its f32 master gradient then already what the whole-buffer fold
  * gives (a GPT with a tied embedding and head; flat and detached
  * gradients); (3) a resumed run's metrics.jsonl drops a last line that a
- * failed write cut short. */
+ * failed write cut short; (4) a run whose last step is a checkpoint step
+ * saves that checkpoint once, not again as its final one. */
 #include <setjmp.h>
 #include <stdbool.h>
 #include <stdarg.h>
@@ -13,9 +14,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <cmocka.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/io/atomic.h"
 #include "kernels/nn/module.h"
 #include "worker/metrics.h"
 #include "worker/strategy.h"
@@ -176,11 +179,52 @@ static void test_metrics_cut_short(void **state) {
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* (4) The steps the strategy was asked to save, in order. */
+static struct {
+    int64_t steps[8];
+    int n;
+    ts_status (*save)(ts_strategy *s, char *path, size_t cap);
+} saves;
+
+/* save that notes the step and saves as the strategy does. */
+static ts_status note_save(ts_strategy *s, char *path, size_t cap) {
+    if (saves.n < 8) saves.steps[saves.n] = s->trainer->step;
+    saves.n++;
+    return saves.save(s, path, cap);
+}
+
+static void test_last_checkpoint_once(void **state) {
+    (void)state;
+    const char *text = "{\"seed\": 3, \"steps\": 4, \"model\": {\"arch\": \"gpt\", \"n_layer\": 1, \"n_head\": 2, "
+                       "\"n_embd\": 8, \"block_size\": 8}, \"data\": {\"kind\": \"text\", \"prefetch\": 0}, "
+                       "\"train\": {\"batch_size\": 2, \"checkpoint_every\": 2}}";
+    char dir[] = "/tmp/tessera-save-once-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    ts_job job;
+    assert_int_equal(ts_job_parse(text, NULL, 0, &job), TS_OK);
+    ts_trainer *t = ts_trainer_create(&job, text, dir, false, ts_strategy_create(&(ts_strategy_options){.job = &job}));
+    assert_non_null(t);
+    assert_int_equal(ts_trainer_attach(t), TS_OK);
+    ts_strategy_ops ops = *t->strategy->ops;
+    saves.save = ops.save;
+    saves.n = 0;
+    ops.save = note_save;
+    t->strategy->ops = &ops;
+    assert_int_equal(ts_trainer_run(t, NULL), TS_OK);
+    if (saves.n != 2) fail_msg("%d saves, of steps %lld, %lld, %lld", saves.n, (long long)saves.steps[0],
+                               (long long)saves.steps[1], (long long)saves.steps[2]);
+    assert_int_equal(saves.steps[0], 2);
+    assert_int_equal(saves.steps[1], 4);
+    ts_trainer_free(t);
+    assert_int_equal(ts_io_remove_tree(dir), TS_OK);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dropout_keys),
         cmocka_unit_test(test_bf16_announced_folded),
         cmocka_unit_test(test_metrics_cut_short),
+        cmocka_unit_test(test_last_checkpoint_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
