@@ -732,10 +732,7 @@ int ts_cluster_run(const ts_cluster_opts *o) {
     }
     char log_path[PATH_MAX + 32];
     snprintf(log_path, sizeof log_path, "%s/cluster.log", cl->run_dir);
-    cl->super.log = fopen(log_path, "w");
-    if (!cl->super.log) /* the job goes on: the lines still reach the terminal */
-        fprintf(stderr, "[run] cannot write %s: %s; the children's lines are not kept there\n", log_path,
-                strerror(errno));
+    ts_super_open_log(&cl->super, log_path); /* the job goes on without it */
     cl->super.user = cl;
     cl->super.on_line = on_line;
     cl->super.on_done = on_done;

@@ -90,6 +90,19 @@ static void on_pipe_closed(uv_handle_t *h) {
     child_handle_closed(st->child);
 }
 
+/* Says that s's log cannot take lines (errno), and stops writing it. */
+static void drop_log(ts_super *s, const char *which) {
+    fprintf(stderr, "[run] cannot write %s: %s; %s lines are not kept there\n", s->log_path, strerror(errno), which);
+    if (s->log) fclose(s->log);
+    s->log = NULL;
+}
+
+void ts_super_open_log(ts_super *s, const char *path) {
+    snprintf(s->log_path, sizeof s->log_path, "%s", path);
+    s->log = fopen(path, "w");
+    if (!s->log) drop_log(s, "the children's");
+}
+
 /* One complete line from a child stream. */
 static void child_line(ts_child_stream *st, const char *line) {
     ts_child *c = st->child;
@@ -104,10 +117,7 @@ static void child_line(ts_child_stream *st, const char *line) {
     ts_super_name(c, name, sizeof name);
     fprintf(st->out, "[%s] %s\n", name, line);
     fflush(st->out);
-    if (s->log) {
-        fprintf(s->log, "[%s] %s\n", name, line);
-        fflush(s->log);
-    }
+    if (s->log && (fprintf(s->log, "[%s] %s\n", name, line) < 0 || fflush(s->log) != 0)) drop_log(s, "later");
 }
 
 static void alloc_read(uv_handle_t *h, size_t hint, uv_buf_t *buf) {

@@ -71,6 +71,7 @@ struct ts_super {
     char self_exe[4096];  /* tessera-run, for the --exec-child trampoline */
     char bin_dir[4096];   /* where tessera-scheduler/-ps/-worker live */
     FILE *log;            /* every child line also goes here; may be NULL */
+    char log_path[4096];  /* its path, for the message when it fails */
     ts_line_cb on_line;
     ts_done_cb on_done;
     ts_signal_cb on_signal;
@@ -110,6 +111,11 @@ int ts_super_stopped(const ts_child *c);
 /* Stops every child: signum (SIGTERM, or the SIGINT tessera-run got) now,
  * SIGKILL to any still running after grace_ms. Idempotent. */
 void ts_super_stop(ts_super *s, int signum, unsigned grace_ms);
+
+/* Opens path (truncated) as s->log. When it cannot be opened, or later
+ * written, that is said once on stderr naming it, and the lines go on to
+ * the terminal only. */
+void ts_super_open_log(ts_super *s, const char *path);
 
 /* Closes the signal handlers and timer so the loop can end once every child
  * is done. */

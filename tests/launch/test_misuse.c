@@ -2,7 +2,7 @@
  * binary: checkpoint files that are not regular files, a resumed run's
  * metrics, a model too big for the machine (also in a cluster, and with
  * --force), a metrics.jsonl, job.json or chart data on a full disk, a
- * cluster.log that cannot be made, messages that must name the file or
+ * cluster.log that cannot be made or written, messages that must name the file or
  * field. Every run
  * goes through timeout(1), so a hang fails the test instead of stalling it. */
 #include <setjmp.h>
@@ -476,6 +476,20 @@ static void test_cluster_log_unwritable(void **state) {
     expect_text(log, "/log-dir/cluster.log: Is a directory");
 }
 
+/* A cluster.log whose writes fail once the job runs (a full disk: it is
+ * /dev/full) is said once, naming it and the reason; the job trains on. */
+static void test_cluster_log_write_fails(void **state) {
+    (void)state;
+    static char log[16384];
+    char dir[300], path[400];
+    case_dir("log-full", "cluster.log", dir, path);
+    assert_int_equal(symlink("/dev/full", path), 0);
+    assert_int_equal(run("log-full", log, sizeof log, "%s --run-dir %s", STANDIN_JOB, dir), 0);
+    expect_text(log, "/log-full/cluster.log: No space left on device; later lines are not kept there");
+    const char *first = strstr(log, "[run] cannot write ");
+    if (strstr(first + 1, "[run] cannot write ")) fail_msg("the failing log was reported more than once:\n%s", log);
+}
+
 /* --plot whose data files cannot be written whole (a full disk) exits 1
  * naming the file, and draws no truncated chart over the earlier one. */
 static void test_plot_disk_full(void **state) {
@@ -511,6 +525,7 @@ int main(void) {
         cmocka_unit_test(test_metrics_disk_full),
         cmocka_unit_test(test_job_file_disk_full),
         cmocka_unit_test(test_cluster_log_unwritable),
+        cmocka_unit_test(test_cluster_log_write_fails),
         cmocka_unit_test(test_plot_disk_full),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
