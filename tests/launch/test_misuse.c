@@ -108,6 +108,13 @@ static void case_dir(const char *name, const char *file, char *dir, char *path) 
     assert_int_equal(mkdir(dir, 0777), 0);
 }
 
+/* case_dir, with dir/file a link to /dev/full (every write of it fails
+ * with ENOSPC, as on a full disk). */
+static void full_file_case(const char *name, const char *file, char *dir, char *path) {
+    case_dir(name, file, dir, path);
+    assert_int_equal(symlink("/dev/full", path), 0);
+}
+
 /* A checkpoint whose optim.safetensors is a symlink to /dev/zero, or whose
  * model.safetensors is a FIFO: --eval and --resume refuse it naming the
  * file, instead of reading forever (or waiting for a writer). */
@@ -273,8 +280,7 @@ static void test_metrics_disk_full(void **state) {
     (void)state;
     static char log[16384];
     char dir[300], path[400];
-    case_dir("full", "metrics.jsonl", dir, path);
-    assert_int_equal(symlink("/dev/full", path), 0);
+    full_file_case("full", "metrics.jsonl", dir, path);
     assert_int_equal(run("full", log, sizeof log, "%s --set steps=20 --run-dir %s", MLP_JOB, dir), 1);
     expect_text(log, "metrics: cannot write ");
     expect_text(log, "/full/metrics.jsonl: No space left on device");
@@ -482,8 +488,7 @@ static void test_cluster_log_write_fails(void **state) {
     (void)state;
     static char log[16384];
     char dir[300], path[400];
-    case_dir("log-full", "cluster.log", dir, path);
-    assert_int_equal(symlink("/dev/full", path), 0);
+    full_file_case("log-full", "cluster.log", dir, path);
     assert_int_equal(run("log-full", log, sizeof log, "%s --run-dir %s", STANDIN_JOB, dir), 0);
     expect_text(log, "/log-full/cluster.log: No space left on device; later lines are not kept there");
     const char *first = strstr(log, "[run] cannot write ");
