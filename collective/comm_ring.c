@@ -110,10 +110,13 @@ static void drop_kept(ts_ring_port *p, uint64_t g) {
     }
 }
 
-/* Closes the sockets of a connection. */
+/* Closes the sockets of a connection. Monitoring stops first: an event
+ * sent to a closed monitor would block ZeroMQ's I/O thread for good (a
+ * connection that lingers may still drop while it is reaped). */
 static void conn_shut(peer_conn *l) {
-    if (l->out) zmq_close(l->out);
+    if (l->out) zmq_socket_monitor(l->out, NULL, 0);
     if (l->mon) zmq_close(l->mon);
+    if (l->out) zmq_close(l->out);
     l->out = l->mon = NULL;
 }
 

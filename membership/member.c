@@ -467,12 +467,15 @@ static void free_member(ts_member *m)
         free(o->data);
         free(o);
     }
+    /* monitoring stops before its socket closes: an event sent to a
+     * closed monitor would block ZeroMQ's I/O thread, and with it
+     * zmq_ctx_term, forever */
+    if (m->sock)
+        zmq_socket_monitor(m->sock, NULL, 0);
     if (m->mon)
         zmq_close(m->mon);
-    if (m->sock) {
-        zmq_socket_monitor(m->sock, NULL, 0);
+    if (m->sock)
         zmq_close(m->sock);
-    }
     if (m->ctx)
         zmq_ctx_term(m->ctx);
     if (m->wake[0] >= 0)
@@ -527,8 +530,10 @@ static void *client_socket(void *ctx, const ts_secure_keys *keys, const ts_proto
                                              ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
                                              ZMQ_EVENT_DISCONNECTED) == 0) {
             *mon = zmq_socket(ctx, ZMQ_PAIR);
-            if (*mon && zmq_connect(*mon, ep) != 0) {
-                zmq_close(*mon);
+            if (!*mon || zmq_connect(*mon, ep) != 0) { /* unread, a monitor would block */
+                zmq_socket_monitor(sock, NULL, 0);
+                if (*mon)
+                    zmq_close(*mon);
                 *mon = NULL;
             }
         }
@@ -537,6 +542,7 @@ static void *client_socket(void *ctx, const ts_secure_keys *keys, const ts_proto
         ts_error(TS_ERR_VALUE, "%s: cannot connect to scheduler %s: %s", what, endpoint,
                  zmq_strerror(zmq_errno()));
         if (mon && *mon) {
+            zmq_socket_monitor(sock, NULL, 0);
             zmq_close(*mon);
             *mon = NULL;
         }

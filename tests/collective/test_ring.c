@@ -3,7 +3,9 @@
  * from 1 element to 64 MiB (odd sizes included), f32 and bf16, over tcp
  * and ipc; a rank that dies mid-operation is named by the others within
  * the timeout; a rank that moves to the next generation first loses
- * nothing it sent there; a root far ahead of its peer overruns nothing.
+ * nothing it sent there; a root far ahead of its peer overruns nothing;
+ * a peer that drops while its closed connection lingers leaves the port
+ * working.
  * Each rank is a forked process with its own port;
  * endpoints meet through files in a temporary folder. */
 #include <setjmp.h>
@@ -12,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,31 +28,45 @@
 
 static char dir[256], key[300];
 
+/* Writes text to the file name in the test folder, whole or not at all. */
+static void publish(const char *name, const char *text) {
+    char path[512], done[512];
+    snprintf(path, sizeof path, "%s/%s.tmp", dir, name);
+    snprintf(done, sizeof done, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    CHECK(f, "cannot write %s", path);
+    fprintf(f, "%s", text);
+    fclose(f);
+    rename(path, done);
+}
+
+/* Reads the file name of the test folder into out once it is there. */
+static void await_file(const char *name, char *out, int cap) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    for (int tries = 0; access(path, F_OK) != 0 && tries < 3000; tries++) usleep(2000);
+    FILE *f = fopen(path, "r");
+    CHECK(f, "no %s", path);
+    CHECK(fgets(out, cap, f), "empty %s", path);
+    fclose(f);
+}
+
 /* Opens this rank's port, publishes its endpoint and builds the
  * communicator once every rank published. */
 static ts_comm *join_ring(int r, int n, const char *transport, ts_ring_port **port, int timeout_ms) {
-    char ep[512], path[512];
+    char ep[512], name[64];
     if (strcmp(transport, "ipc") == 0) snprintf(ep, sizeof ep, "ipc://%s/port-%d", dir, r);
     else snprintf(ep, sizeof ep, "tcp://127.0.0.1:0");
     *port = ts_ring_port_open(ep, key, "ringtest", strcmp(transport, "tcp-plain") != 0);
     CHECK(*port, "rank %d: port: %s", r, ts_last_error());
-    snprintf(path, sizeof path, "%s/ep-%d-%d.tmp", dir, n, r);
-    FILE *f = fopen(path, "w");
-    CHECK(f, "rank %d: cannot write %s", r, path);
-    fprintf(f, "%s", ts_ring_port_endpoint(*port));
-    fclose(f);
-    char done[512];
-    snprintf(done, sizeof done, "%s/ep-%d-%d", dir, n, r);
-    rename(path, done);
+    snprintf(name, sizeof name, "ep-%d-%d", n, r);
+    publish(name, ts_ring_port_endpoint(*port));
     char *peers[8];
     for (int p = 0; p < n; p++) {
-        snprintf(path, sizeof path, "%s/ep-%d-%d", dir, n, p);
-        for (int tries = 0; access(path, F_OK) != 0 && tries < 3000; tries++) usleep(2000);
-        f = fopen(path, "r");
-        CHECK(f, "rank %d: no endpoint from rank %d", r, p);
         peers[p] = calloc(1, 512);
-        CHECK(fgets(peers[p], 512, f), "rank %d: empty endpoint of rank %d", r, p);
-        fclose(f);
+        CHECK(peers[p], "out of memory");
+        snprintf(name, sizeof name, "ep-%d-%d", n, p);
+        await_file(name, peers[p], 512);
     }
     ts_comm_config cfg = {.rank = r, .size = n, .generation = 1, .timeout_ms = timeout_ms,
                           .peers = (const char *const *)peers, .native = *port};
@@ -250,6 +267,77 @@ static void ahead_body(int r, int n, const char *transport) {
 
 static void test_root_ahead(void **state) { (void)state; run_ranks(2, ahead_body, "tcp-plain"); }
 
+/* Rank 1 stops (SIGSTOP) while rank 0 runs a large allreduce, which
+ * fails on the timeout with chunks still queued to rank 1. Rank 0 leaves
+ * rank 1 out of its next generation, which closes that connection while
+ * it lingers, and rank 1 is killed inside the linger: the drop comes
+ * after the connection closed. Rank 0's port must still carry the next
+ * generation with a new rank 1, and close. */
+static void linger_body(int r, int n, const char *transport) {
+    char text[512];
+    if (r == 1) {
+        pid_t stopped = fork();
+        if (stopped == 0) {
+            ts_ring_port *port;
+            ts_comm *c = join_ring(r, n, transport, &port, 3000);
+            CHECK(!ts_comm_barrier(c), "rank 1: barrier: %s", ts_last_error());
+            raise(SIGSTOP);
+            _exit(1);
+        }
+        snprintf(text, sizeof text, "%d", (int)stopped);
+        publish("ep-stopped-pid", text);
+        int status = 0, waited = 0;
+        while (waitpid(stopped, &status, WNOHANG) == 0 && waited++ < 3000) usleep(10000);
+        if (waited > 3000) {
+            kill(stopped, SIGKILL);
+            waitpid(stopped, &status, 0);
+        }
+        CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "rank 1: the stopped rank was not killed by rank 0");
+    }
+    ts_ring_port *port = NULL;
+    if (r == 0) {
+        alarm(60); /* a port that cannot close any more ends the rank */
+        ts_comm *c = join_ring(r, n, transport, &port, 3000);
+        CHECK(!ts_comm_barrier(c), "rank 0: barrier: %s", ts_last_error());
+        await_file("ep-stopped-pid", text, sizeof text);
+        int64_t count = (int64_t)8 << 20;
+        float *a = malloc((size_t)count * sizeof *a);
+        CHECK(a, "out of memory");
+        fill(a, TS_F32, r, count);
+        CHECK(ts_comm_allreduce(c, a, a, count, TS_F32, TS_REDUCE_SUM) != TS_OK,
+              "rank 0: the allreduce succeeded with rank 1 stopped");
+        free(a);
+        ts_comm_free(c);
+        const char *alone[1] = {ts_ring_port_endpoint(port)};
+        ts_comm_config solo = {.rank = 0, .size = 1, .generation = 2, .timeout_ms = 3000, .peers = alone, .native = port};
+        c = ts_comm_create(&ts_comm_ring_backend, &solo);
+        CHECK(c, "rank 0: generation 2: %s", ts_last_error());
+        CHECK(kill((pid_t)atoi(text), SIGKILL) == 0, "rank 0: cannot kill the stopped rank %s", text);
+        ts_comm_free(c);
+        publish("ep-back-0", ts_ring_port_endpoint(port));
+    } else {
+        port = ts_ring_port_open("tcp://127.0.0.1:0", key, "ringtest", true);
+        CHECK(port, "rank 1: port: %s", ts_last_error());
+        publish("ep-back-1", ts_ring_port_endpoint(port));
+    }
+    char eps[2][512];
+    await_file("ep-back-0", eps[0], 512);
+    await_file("ep-back-1", eps[1], 512);
+    const char *peers[2] = {eps[0], eps[1]};
+    ts_comm_config g3 = {.rank = r, .size = n, .generation = 3, .timeout_ms = 5000, .peers = peers, .native = port};
+    ts_comm *c = ts_comm_create(&ts_comm_ring_backend, &g3);
+    CHECK(c, "rank %d: generation 3: %s", r, ts_last_error());
+    float x[100000];
+    fill(x, TS_F32, r, 100000);
+    CHECK(!ts_comm_allreduce(c, x, x, 100000, TS_F32, TS_REDUCE_SUM), "rank %d: allreduce in generation 3: %s", r,
+          ts_last_error());
+    for (int i = 0; i < 100000; i++) CHECK(x[i] == reduced(TS_REDUCE_SUM, n, i, TS_F32), "rank %d: [%d]", r, i);
+    ts_comm_free(c);
+    ts_ring_port_close(port);
+}
+
+static void test_linger_drop(void **state) { (void)state; run_ranks(2, linger_body, "tcp"); }
+
 static int setup(void **state) {
     (void)state;
     if (tu_make_tmp_dir(dir, sizeof dir, "tessera_ring") != 0) return -1;
@@ -267,6 +355,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_two),   cmocka_unit_test(test_three), cmocka_unit_test(test_four_ipc),
         cmocka_unit_test(test_eight), cmocka_unit_test(test_death), cmocka_unit_test(test_next_generation),
         cmocka_unit_test(test_growing_world), cmocka_unit_test(test_three_plain), cmocka_unit_test(test_root_ahead),
+        cmocka_unit_test(test_linger_drop),
     };
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     return cmocka_run_group_tests(tests, setup, teardown);
