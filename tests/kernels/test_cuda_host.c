@@ -1,12 +1,14 @@
 /* test_cuda_host.c - the CUDA backend where there is no CUDA device (the
  * development machines): tensors on cuda:N, copies to them, ops on them,
  * pinned memory, streams and events are refused with an error naming the
- * device, never a crash; the allocator's stats stay zero. On a machine
- * with a device, tests/gpu covers all of it and this test skips. */
+ * device, never a crash; the allocator's stats stay zero; cuBLAS is not
+ * loaded until the first GEMM. On a machine with a device, tests/gpu
+ * covers the rest and this test skips it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
@@ -27,6 +29,32 @@ static bool device_present(void) {
     if (ts_cuda_device_count() == 0) return false;
     print_message("a CUDA device is present: tests/gpu covers the backend\n");
     return true;
+}
+
+/* True when a file whose name holds lib is mapped into this process. */
+static bool mapped(const char *lib) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[4096];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) found = strstr(line, lib) != NULL;
+    fclose(f);
+    return found;
+}
+
+/* cuBLAS costs every process that loads it a few tenths of a second, so
+ * the backend opens it at the first GEMM: not before, and for good then
+ * (the GEMM itself fails here for want of a device, after the opening). */
+static void test_cublas_opened_at_first_gemm(void **state) {
+    (void)state;
+    assert_false(mapped("libcublas"));
+    if (device_present()) return;
+    const ts_backend *b = ts_backend_of("probe", ts_cuda(0));
+    assert_non_null(b);
+    float a = 1, x = 2, c = 0;
+    assert_int_equal(b->matmul->gemm(TS_F32, false, false, 1, 1, 1, 1.0, &a, 1, &x, 1, 0.0, &c, 1), TS_ERR_DEVICE);
+    assert_non_null(strstr(ts_last_error(), "matmul: CUDA says"));
+    assert_true(mapped("libcublas"));
 }
 
 static void test_tensors_on_a_missing_device(void **state) {
@@ -81,6 +109,7 @@ static void test_runtime_without_device(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cublas_opened_at_first_gemm),
         cmocka_unit_test(test_tensors_on_a_missing_device),
         cmocka_unit_test(test_runtime_without_device),
     };

@@ -1,6 +1,6 @@
 /* cuda.h - what the CUDA backend's files share (the .cu files of ops/cuda and backend.c):
- * the kernel tables of each family, the launch helpers and the cuBLAS
- * handle. Included from C and from CUDA C++.
+ * the kernel tables of each family and the launch helpers. Included from C
+ * and from CUDA C++.
  *
  * Kernels run on the calling thread's current device and its compute
  * stream (runtime.h); they check the launch and return without waiting,
@@ -45,9 +45,8 @@ ts_status ts_cuda_launched(const char *op);
  * that this header needs no CUDA header). */
 ts_status ts_cuda_status(int err, const char *op);
 
-/* The calling thread's cuBLAS handle (a cublasHandle_t) on its current
- * device, or NULL with an error naming op. */
-void *ts_cuda_blas(const char *op);
+/* The most devices the backend's per-device tables hold. */
+#define TS_CUDA_MAX_DEVICES 64
 
 /* Blocks of a 1-d launch of n threads, 256 per block, capped. */
 static inline unsigned ts_cuda_blocks(int64_t n) {

@@ -1,8 +1,7 @@
 /* runtime.c - devices, the per-device block caches, pinned memory,
- * streams, events and the cuBLAS handles of the CUDA backend. */
+ * streams and events of the CUDA backend. */
 #include "kernels/ops/cuda/runtime.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -11,8 +10,6 @@
 
 #include "kernels/block_cache.h"
 #include "kernels/ops/cuda/cuda.h"
-
-#define MAX_DEVICES 64
 
 ts_status ts_cuda_status(int err, const char *op) {
     if (err == cudaSuccess) return TS_OK;
@@ -39,7 +36,7 @@ static ts_status check_device(int index) {
         cudaGetLastError();
         return ts_error(TS_ERR_DEVICE, "cuda:%d: no CUDA device (CUDA says %s)", index, cudaGetErrorString(e));
     }
-    if (index < 0 || index >= n || index >= MAX_DEVICES)
+    if (index < 0 || index >= n || index >= TS_CUDA_MAX_DEVICES)
         return ts_error(TS_ERR_DEVICE, "cuda:%d: no CUDA device (this machine has %d)", index, n);
     return TS_OK;
 }
@@ -73,11 +70,11 @@ static void raw_free(void *p, size_t nbytes, void *ctx) {
 }
 
 static pthread_mutex_t caches_lock = PTHREAD_MUTEX_INITIALIZER;
-static ts_block_cache *caches[MAX_DEVICES];
+static ts_block_cache *caches[TS_CUDA_MAX_DEVICES];
 
 /* Device index's cache (made at its first use), or NULL with an error. */
 static ts_block_cache *cache_of(int index, bool make) {
-    if (index < 0 || index >= MAX_DEVICES) return NULL;
+    if (index < 0 || index >= TS_CUDA_MAX_DEVICES) return NULL;
     pthread_mutex_lock(&caches_lock);
     if (!caches[index] && make)
         caches[index] = ts_block_cache_new((ts_block_source){raw_alloc, raw_free, (void *)(intptr_t)index});
@@ -148,25 +145,6 @@ bool ts_cuda_tf32(void) {
         atomic_store(&tf32, v);
     }
     return v;
-}
-
-/* ---- cuBLAS: one handle per thread and device ---- */
-
-static _Thread_local cublasHandle_t blas[MAX_DEVICES];
-
-void *ts_cuda_blas(const char *op) {
-    int dev = 0;
-    if (ts_cuda_status(cudaGetDevice(&dev), op)) return NULL;
-    if (dev < 0 || dev >= MAX_DEVICES) {
-        ts_error(TS_ERR_DEVICE, "%s: device %d is beyond the %d this build handles", op, dev, MAX_DEVICES);
-        return NULL;
-    }
-    if (!blas[dev] && cublasCreate(&blas[dev]) != CUBLAS_STATUS_SUCCESS) {
-        blas[dev] = NULL;
-        ts_error(TS_ERR_DEVICE, "%s: cuBLAS could not start on cuda:%d", op, dev);
-        return NULL;
-    }
-    return blas[dev];
 }
 
 /* ---- streams and events ---- */
