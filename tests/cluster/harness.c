@@ -375,7 +375,7 @@ const char *th_job_file(const char *name, const char *arch, int steps, int batch
 void th_kill_in_eval(const char *name, const char *strategy, const char *parallel_extra) {
     char text[4096], file[128];
     snprintf(text, sizeof text,
-             "{\"name\": \"%s\", \"seed\": 5, \"steps\": 60,\n"
+             "{\"name\": \"%s\", \"seed\": 5, \"steps\": 40,\n"
              " \"model\": {\"arch\": \"mlp\", \"hidden\": [1024, 1024]},\n"
              " \"data\": {\"kind\": \"fashion_mnist\", \"val_fraction\": 0.3},\n"
              " \"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.001}, \"schedule\": {\"kind\": \"constant\"},\n"
@@ -390,14 +390,14 @@ void th_kill_in_eval(const char *name, const char *strategy, const char *paralle
     th_proc run = th_start(name, argv);
     if (th_wait_count(&run, "joined rank=", 4, 60000) != 0) th_dump(&run, "not 4 workers joined");
     /* the leader logs step 20 once every worker has finished it, and then evaluates */
-    if (th_wait_for(&run, "step 20/60", 120000) != 0) th_dump(&run, "no step 20");
+    if (th_wait_for(&run, "step 20/40", 120000) != 0) th_dump(&run, "no step 20");
     pid_t victim = -1;
     if (th_joined_worker(&run, 2, &victim) < 0) th_dump(&run, "no third worker's pid");
     kill(victim, SIGKILL);
     if (th_wait_for(&run, "world size 4 -> 3 workers", 30000) != 0) th_dump(&run, "no new generation of 3");
     if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after losing a worker in evaluation");
     if (th_count(&run, "evaluation at step 20 abandoned") < 1) th_dump(&run, "no survivor abandoned the evaluation");
-    if (th_count(&run, "eval test at step 60") < 1) th_dump(&run, "no final evaluation");
+    if (th_count(&run, "eval test at step 40") < 1) th_dump(&run, "no final evaluation");
     if (th_count(&run, "goes back") > 0) th_dump(&run, "the scheduler refused the steps of a job that moved back");
 }
 

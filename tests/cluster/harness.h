@@ -112,7 +112,7 @@ void th_run_job(const char *name, const char *arch, int steps, int batch, int ac
                 bool resume, double *loss);
 
 /* Starts a job whose evaluations outlast its steps (an MLP of two layers
- * of 1024, 60 steps of batch 32, a checkpoint every 10 steps and every 20
+ * of 1024, 40 steps of batch 32, a checkpoint every 10 steps and every 20
  * an evaluation of 30 % of Fashion-MNIST's training images) with 4
  * workers of strategy (down to 2; parallel_extra is spliced into
  * "parallel"), kills one that is not the leader as the evaluation of step

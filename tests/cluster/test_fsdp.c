@@ -431,7 +431,7 @@ static void test_leader_exit(void **state) {
 static void test_join_during_move(void **state) {
     (void)state;
     const char *text =
-        "{\"name\": \"fsdp-join2\", \"seed\": 3, \"steps\": 1500,\n"
+        "{\"name\": \"fsdp-join2\", \"seed\": 3, \"steps\": 400,\n"
         " \"model\": {\"arch\": \"mlp\", \"hidden\": [256, 256]}, \"data\": {\"kind\": \"fashion_mnist\"},\n"
         " \"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.001}, \"schedule\": {\"kind\": \"constant\"},\n"
         " \"train\": {\"batch_size\": 32, \"log_every\": 10, \"eval_every\": 0, \"eval_batches\": 4, "
@@ -441,7 +441,7 @@ static void test_join_during_move(void **state) {
     const char *job = th_write("fsdp-join2.json", text), *dir = th_path("fsdp-join2");
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
     th_proc run = th_start("fsdp-join2", argv);
-    if (th_wait_for(&run, "step 10/1500", 60000) != 0) th_dump(&run, "no step 10");
+    if (th_wait_for(&run, "step 10/400", 60000) != 0) th_dump(&run, "no step 10");
     pid_t held = -1;
     if (th_joined_worker(&run, 1, &held) < 0) th_dump(&run, "no second worker's pid");
     th_proc first = th_start_joiner("fsdp-join2-a", job, dir, (const char *[]){"--run-dir", dir, NULL});
