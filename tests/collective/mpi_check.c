@@ -1,7 +1,7 @@
 /* mpi_check.c - the MPI backend under mpirun: every collective against the
  * serial reference (collective_check.h), sizes from 1 element to 1 MiB
- * (64 MiB with 2 ranks), f32 and bf16. Run as "mpirun -np N collective_mpi_check"; exits 0 on
- * every rank when all checks hold. */
+ * (64 MiB with 2 ranks), f32 and bf16. Run as "mpirun -np N
+ * collective_mpi_check"; exits 0 on every rank when all checks hold. */
 #include <mpi.h>
 #include <stdio.h>
 
