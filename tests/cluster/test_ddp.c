@@ -232,10 +232,10 @@ static void expect_final_accuracy(const char *tag, const char *dir, int steps) {
 }
 
 /* Long enough for a worker that comes after the start (it loads its data
- * first; two may start the job on a loaded machine) to join: 2000 steps
- * (about 5 s) once ended before two late workers had joined, beside the
- * mpirun tests. */
-enum { FAILURE_STEPS = 4000 };
+ * first; two may start the job on a loaded machine) to join, and for a
+ * stopped one to be declared dead, killed and restarted, which takes some
+ * 150 steps on an idle machine: 2000 steps (about 8 s). */
+enum { FAILURE_STEPS = 2000 };
 
 /* Starts the MLP job `name` of FAILURE_STEPS steps with `workers` ddp
  * workers (extra spliced into "parallel") in the run folder of its name,

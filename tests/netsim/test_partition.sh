@@ -10,7 +10,7 @@ netsim_init partition
 
 TIMEOUT_MS=2000 # examples/standin.json: heartbeat 200 ms, timeout 2000 ms
 ns up --nodes 4 --rate 1gbit
-TESSERA_NETSIM=$NAME "$BIN/tessera-run" "$SRC/examples/standin.json" --set steps=400 \
+TESSERA_NETSIM=$NAME "$BIN/tessera-run" "$SRC/examples/standin.json" --set steps=280 \
     --set 'parallel.placement=[0, 0, 0, 0, 1, 2, 3]' --run-dir "$TMP/run" > "$TMP/run.out" 2>&1 &
 run=$!
 out=$TMP/run.out
@@ -52,7 +52,7 @@ fi
 grep -qE "worker rank $rank admitted .*its previous rank" "$out" ||
     fail "worker $rank did not get its previous rank back"
 wait $run || { cat "$out" >&2; fail "the job failed"; }
-[ "$(grep -c "] step 400 world " "$out")" -eq 4 ] || fail "not 4 workers at step 400"
-grep -q "^\[worker $rank\] step 400 world 4 " "$out" || fail "worker $rank did not finish in a world of 4"
+[ "$(grep -c "] step 280 world " "$out")" -eq 4 ] || fail "not 4 workers at step 280"
+grep -q "^\[worker $rank\] step 280 world 4 " "$out" || fail "worker $rank did not finish in a world of 4"
 grep -q "^\[run\] job standin completed" "$out" || fail "no completion line"
 echo "PASS"
