@@ -507,16 +507,16 @@ static void expect_join_refused(const char *tag, const char *run_dir, const char
  * every step once. */
 static void test_join_other_job(void **state) {
     (void)state;
-    const char *job = job_file("ddp-join-other", "mlp", 12000, 16, "ddp", 2, "\"max_workers\": 3");
+    const char *job = job_file("ddp-join-other", "mlp", 4000, 16, "ddp", 2, "\"max_workers\": 3");
     const char *dir = th_path("ddp-join-other");
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
     th_proc run = th_start("ddp-join-other", argv);
-    if (th_wait_for(&run, "step 10/12000", 60000) != 0) dump(&run, "no step 10");
-    expect_join_refused("other-model", dir, job, "model.hidden=[32]", "steps=12000");
+    if (th_wait_for(&run, "step 10/4000", 60000) != 0) dump(&run, "no step 10");
+    expect_join_refused("other-model", dir, job, "model.hidden=[32]", "steps=4000");
     expect_join_refused("other-strategy", dir, job, "parallel.strategy=ps", "parallel.servers=1");
     if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0");
     if (th_count(&run, "world size 2 -> 3") != 0) dump(&run, "a worker of another job joined");
-    th_expect_steps_once(dir, 12000);
+    th_expect_steps_once(dir, 4000);
     assert_int_equal(th_leftovers(), 0);
 }
 
