@@ -74,6 +74,9 @@ struct ts_member {
     ts_proto_member *roster;
     size_t nroster;
     bool news;
+    /* heartbeats carry last_step, the step of the latest STEP_DONE or
+     * STOPPED sent (lower after the job moved back to a checkpoint): one
+     * only queued would overtake the reports queued before it */
     int64_t last_step, last_barrier;
     bool shutdown;
     int shutdown_code;
@@ -291,6 +294,8 @@ static void on_monitor(ts_member *m)
 static void send_stamped(ts_member *m, const outmsg *o)
 {
     pthread_mutex_lock(&m->mu);
+    if (o->type == TS_MSG_STEP_DONE || o->type == TS_MSG_STOPPED)
+        m->last_step = o->step;
     int32_t rank = m->joined ? m->info.rank : TS_PROTO_RANK_NONE;
     uint64_t gen = m->joined ? m->info.generation : 0;
     int64_t last_step = m->last_step, last_barrier = m->last_barrier;
@@ -711,8 +716,6 @@ static ts_status post(ts_member *m, ts_proto_type type, int64_t step, const char
     if (reason)
         ts_proto_set_str(o->reason, sizeof o->reason, reason);
     pthread_mutex_lock(&m->mu);
-    if (type != TS_MSG_REGROUP)
-        m->last_step = step; /* the latest, lower after the job moved back to a checkpoint */
     enqueue(m, o);
     pthread_mutex_unlock(&m->mu);
     wake_io(m);

@@ -275,6 +275,31 @@ static void joiner_goes_back_with_the_group(void **state)
     assert_int_equal(th_stop(&s), 0);
 }
 
+/* Steps reported faster than the I/O thread sends them reach the
+ * scheduler in order, heartbeats among them: a heartbeat carries the last
+ * step sent. Before, it carried the last step queued, overtook the
+ * reports queued before it, and the scheduler refused each of those as
+ * going back. */
+static void heartbeats_do_not_overtake_steps(void **state)
+{
+    (void)state;
+    th_sched s;
+    th_start(&s, "--heartbeat-ms", "1", "--heartbeat-timeout-ms", "5000", NULL);
+    ts_member *m = th_join(&s, TS_ROLE_WORKER, -1, 5000);
+    assert_non_null(m);
+    enum { STEPS = 20000 };
+    for (int step = 1; step <= STEPS; step++) {
+        assert_int_equal(ts_member_step_done(m, step), TS_OK);
+        if (step % 64 == 0)
+            usleep(100); /* let heartbeats go out between the reports */
+    }
+    assert_true(workers_at(&s, STEPS, 10000));
+    if (th_log_contains(&s, "goes back"))
+        fail_msg("the scheduler refused steps as going back");
+    ts_member_leave(m, NULL);
+    assert_int_equal(th_stop(&s), 0);
+}
+
 static void job_ends_when_workers_finish(void **state)
 {
     (void)state;
@@ -516,6 +541,7 @@ int main(void)
         cmocka_unit_test(silent_member_declared_dead_then_rejoins),
         cmocka_unit_test(elastic_join_waits_for_step_boundary),
         cmocka_unit_test(joiner_goes_back_with_the_group),
+        cmocka_unit_test(heartbeats_do_not_overtake_steps),
         cmocka_unit_test(job_ends_when_workers_finish),
         cmocka_unit_test(signal_stops_workers_together),
         cmocka_unit_test(second_signal_shuts_down),
