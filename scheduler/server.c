@@ -284,6 +284,11 @@ static ts_status init_loop(ts_sched *s)
         (rc = uv_signal_init(&s->loop, &s->sigterm)) != 0)
         return ts_error(TS_ERR_IO, "scheduler: libuv handle init: %s", uv_strerror(rc));
     s->rendezvous.data = s->sigint.data = s->sigterm.data = s;
+    /* before the endpoint is announced: a SIGINT that comes once a
+     * supervisor knows the scheduler listens stops the job, not the
+     * process (libuv holds it until the loop runs) */
+    uv_signal_start(&s->sigint, on_signal, SIGINT);
+    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
     return TS_OK;
 }
 
@@ -312,8 +317,6 @@ int ts_sched_run(ts_sched *s)
     ts_zloop_start(&s->zloop);
     s->started_ms = sched_now_ms(s);
     uv_timer_start(&s->rendezvous, on_rendezvous_timer, (uint64_t)s->cfg.rendezvous_timeout_ms / 2, 0);
-    uv_signal_start(&s->sigint, on_signal, SIGINT);
-    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
     ts_sched_log(TS_SCHED_INFO,
                  "job %s listening on %s: waiting for %d servers and %d..%d workers, "
                  "heartbeat %d ms, timeout %d ms, barrier timeout %d ms, %lld steps",

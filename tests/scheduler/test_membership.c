@@ -300,6 +300,23 @@ static void heartbeats_do_not_overtake_steps(void **state)
     assert_int_equal(th_stop(&s), 0);
 }
 
+/* SIGINT right after the endpoint was announced (what tessera-run forwards
+ * on Ctrl-C during the rendezvous) shuts the job down in order. Before,
+ * the handlers were installed after the announcement, and a signal in
+ * between killed the scheduler. */
+static void signal_after_announcement(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 5; i++) {
+        th_sched s;
+        th_start(&s, "--min-workers", "2", NULL);
+        kill(s.pid, SIGINT);
+        assert_int_equal(th_wait_exit(&s, 5000), 0);
+        assert_true(th_log_contains(&s, "scheduler received SIGINT: shutting the job down"));
+        th_stop(&s);
+    }
+}
+
 static void job_ends_when_workers_finish(void **state)
 {
     (void)state;
@@ -542,6 +559,7 @@ int main(void)
         cmocka_unit_test(elastic_join_waits_for_step_boundary),
         cmocka_unit_test(joiner_goes_back_with_the_group),
         cmocka_unit_test(heartbeats_do_not_overtake_steps),
+        cmocka_unit_test(signal_after_announcement),
         cmocka_unit_test(job_ends_when_workers_finish),
         cmocka_unit_test(signal_stops_workers_together),
         cmocka_unit_test(second_signal_shuts_down),
