@@ -15,7 +15,7 @@ cmake --build build -j "$JOBS"
 ctest --test-dir build --output-on-failure -j "$JOBS"
 
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Asan > /dev/null
-cmake --build build-asan -j "$JOBS"
+cmake --build build-asan -j "$JOBS" --target kernel_tests
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -L kernels -j "$JOBS"
 
 if [ -f proto/fuzz/CMakeLists.txt ]; then
