@@ -280,11 +280,10 @@ static double ps_round(ps_run *r) {
     r->step++;
     ts_ps_client_begin(r->c, r->step, g);
     double v[TS_COMMIT_VALUES] = {1, 1, 0, 0, 0, 0}, out[TS_DECIDED_VALUES];
-    int64_t step;
-    ts_loader_pos pos;
+    ts_ps_pulled pulled;
     if (ts_ps_client_ready(r->c, 0, r->model->numel) || ts_ps_client_commit(r->c, v, true, out) ||
         ts_ps_client_apply(r->c, out[TS_DECIDED_SQ_NORM]) || ts_ps_client_pull(r->c, r->step) ||
-        ts_ps_client_pull_wait(r->c, &step, &pos)) {
+        ts_ps_client_pull_wait(r->c, &pulled)) {
         fprintf(stderr, "bench_ps: step %lld: %s\n", (long long)r->step, ts_last_error());
         exit(1);
     }

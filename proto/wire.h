@@ -83,7 +83,8 @@ typedef enum {
      * ROLLBACK are the parameter-server conversation (ps/README.md). */
     TS_MSG_PUSH = 32,        /* worker -> shard: gradients of step "s" for ranges "rg" */
     TS_MSG_PULL = 33,        /* worker -> shard: parameters of ranges "rg" at step >= "s" */
-    TS_MSG_PULL_REPLY = 34,  /* shard -> worker: parameters at step "s", data position "ep"/"of" */
+    TS_MSG_PULL_REPLY = 34,  /* shard -> worker: parameters at step "s", data position "ep"/"of",
+                                the step's logged values "sv" */
     TS_MSG_COLLECTIVE = 35,  /* rank -> rank: "cs" sequence, "cf" flow, one range, 1 payload frame */
     TS_MSG_ACK = 40,         /* shard -> worker / backup -> primary: done (PUSH, ROLLBACK, forwards) */
     TS_MSG_COMMIT = 41,      /* worker -> shard: its pushes of step "s" are complete; 1 f64 frame */
@@ -137,6 +138,9 @@ enum { TS_COMMIT_LOSS_SUM, TS_COMMIT_SAMPLES, TS_COMMIT_SQ_NORM, TS_COMMIT_LR, T
        TS_COMMIT_STOP, TS_COMMIT_VALUES };
 enum { TS_DECIDED_LOSS_SUM, TS_DECIDED_SAMPLES, TS_DECIDED_SQ_NORM, TS_DECIDED_WORKERS, TS_DECIDED_STOP,
        TS_DECIDED_VALUES };
+/* A PULL_REPLY's "sv": the loss, learning rate and gradient norm of its
+ * step, as the step's workers logged them. */
+enum { TS_STEP_LOSS, TS_STEP_LR, TS_STEP_GRAD_NORM, TS_STEP_VALUES };
 
 /* Node roles ("ro", roster entries). */
 typedef enum {
@@ -235,9 +239,13 @@ typedef struct {
     char key[TS_PROTO_KEY_MAX + 1];      /* "bk" */
     bool found;                          /* "fd" BLOB_REPLY */
 
-    /* PULL_REPLY: the data-loader position after the step of the parameters */
+    /* PULL_REPLY: the data-loader position after the step of the parameters,
+     * and what the step's workers logged of it (TS_STEP_*): none when the
+     * shard did not decide the step itself (async, restored, replicated) */
     int64_t epoch;                       /* "ep" */
     int64_t offset;                      /* "of" */
+    double step_values[TS_STEP_VALUES];  /* "sv" array of 0 or TS_STEP_VALUES f64 */
+    uint32_t nstep_values;
 
     /* STATUS_REPLY */
     char phase[TS_PROTO_PHASE_MAX + 1];  /* "ph" e.g. "rendezvous", "running", "done" */

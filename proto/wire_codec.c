@@ -57,7 +57,7 @@ static const char *object_type_name(msgpack_object_type t) {
 
 /* ---- the field table --------------------------------------------------- */
 
-typedef enum { F_UINT, F_INT, F_STR, F_BOOL, F_RANGES, F_LENGTHS, F_ROSTER } field_kind;
+typedef enum { F_UINT, F_INT, F_STR, F_BOOL, F_RANGES, F_LENGTHS, F_ROSTER, F_STEP_VALUES } field_kind;
 
 typedef struct {
     const char *key;  /* wire key, or entry name for roster members */
@@ -75,7 +75,7 @@ typedef struct {
 enum {
     K_V, K_T, K_JOB, K_G, K_S, K_R, K_LN, K_DT, K_RG, K_RO, K_AD, K_CA, K_PR, K_RK,
     K_ROS, K_NS, K_HB, K_HT, K_BT, K_LB, K_BI, K_CO, K_RE, K_BK, K_FD, K_PH, K_MN,
-    K_MX, K_EP, K_OF, K_CS, K_CF, K_COUNT
+    K_MX, K_EP, K_OF, K_SV, K_CS, K_CF, K_COUNT
 };
 
 static const field_desc FIELDS[K_COUNT] = {
@@ -109,6 +109,7 @@ static const field_desc FIELDS[K_COUNT] = {
     [K_MX] = {"mx", "max_workers", F_UINT, M(max_workers), 0, UINT32_MAX},
     [K_EP] = {"ep", "epoch", F_INT, M(epoch), 0, INT64_MAX},
     [K_OF] = {"of", "offset", F_INT, M(offset), 0, INT64_MAX},
+    [K_SV] = {"sv", "step_values", F_STEP_VALUES, 0, 0, 0, 0},
     [K_CS] = {"cs", "sequence", F_UINT, M(sequence), 0, UINT64_MAX},
     [K_CF] = {"cf", "flow", F_UINT, M(flow), 0, TS_PROTO_FLOW_MAX},
 };
@@ -140,7 +141,7 @@ static const uint8_t *type_fields(uint32_t t, size_t *n) {
     static const uint8_t status_reply[] = {K_ROS, K_NS, K_PH, K_MN, K_MX};
     static const uint8_t blob[] = {K_BK};
     static const uint8_t blob_reply[] = {K_BK, K_FD};
-    static const uint8_t pull_reply[] = {K_EP, K_OF};
+    static const uint8_t pull_reply[] = {K_EP, K_OF, K_SV};
     static const uint8_t collective[] = {K_CS, K_CF};
     static const uint8_t snapshot[] = {K_BI, K_OF};
 #define LIST(a) (*n = sizeof a, a)
@@ -500,6 +501,26 @@ static ts_proto_error get_roster(const dctx *c, const field_desc *f, const msgpa
     return TS_PROTO_OK;
 }
 
+/* Reads "sv": an array of none or TS_STEP_VALUES floats. */
+static ts_proto_error get_step_values(const dctx *c, const field_desc *f, const msgpack_object *o,
+                                      ts_proto_msg *m) {
+    ts_proto_error e = get_array(c, f, o, TS_STEP_VALUES);
+    if (e) return e;
+    size_t n = o->via.array.size;
+    if (n != 0 && n != TS_STEP_VALUES)
+        return fail(TS_PROTO_E_FIELD_VALUE, "%s: field \"sv\" (%s) has %zu entries, expected 0 or %d", c->tname,
+                    f->name, n, TS_STEP_VALUES);
+    for (size_t i = 0; i < n; i++) {
+        const msgpack_object *x = &o->via.array.ptr[i];
+        if (x->type != MSGPACK_OBJECT_FLOAT32 && x->type != MSGPACK_OBJECT_FLOAT64)
+            return fail(TS_PROTO_E_FIELD_TYPE, "%s: field \"sv[%zu]\" is %s, expected float", c->tname, i,
+                        object_type_name(x->type));
+        m->step_values[i] = x->via.f64;
+    }
+    m->nstep_values = (uint32_t)n;
+    return TS_PROTO_OK;
+}
+
 /* Decodes field k from its object. */
 static ts_proto_error get_field(const dctx *c, int k, const msgpack_object *o, ts_proto_msg *m) {
     const field_desc *f = &FIELDS[k];
@@ -507,6 +528,7 @@ static ts_proto_error get_field(const dctx *c, int k, const msgpack_object *o, t
     case F_LENGTHS: return get_lengths(c, f, o, m);
     case F_RANGES: return get_ranges(c, f, o, m);
     case F_ROSTER: return get_roster(c, f, o, m);
+    case F_STEP_VALUES: return get_step_values(c, f, o, m);
     default: return get_scalar(c, "", f, o, m);
     }
 }
@@ -776,6 +798,13 @@ static ts_status put_field(enc *w, int k, const ts_proto_msg *m) {
                 s = put_scalar(w, path, &MEMBER[j], &m->roster[i]);
         }
         return s;
+    case F_STEP_VALUES:
+        if (m->nstep_values != 0 && m->nstep_values != TS_STEP_VALUES)
+            return ts_error(TS_ERR_VALUE, "proto encode: field \"sv\" (step_values) has %u entries, expected 0 or %d",
+                            (unsigned)m->nstep_values, TS_STEP_VALUES);
+        w->err |= msgpack_pack_array(&w->pk, m->nstep_values);
+        for (uint32_t i = 0; i < m->nstep_values; i++) w->err |= msgpack_pack_double(&w->pk, m->step_values[i]);
+        return TS_OK;
     default:
         return put_scalar(w, "", f, m);
     }

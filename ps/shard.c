@@ -38,7 +38,7 @@ ts_shard *ts_shard_create(const ts_shard_config *c, const ts_model *m) {
     s->staleness = s->mode == TS_CONSISTENCY_BOUNDED ? c->job->parallel.staleness : 0;
     s->clip = c->job->optimizer.clip_norm;
     s->replies = true;
-    s->last_decided_step = s->last_red_step = s->saved_step = -1;
+    s->last_decided_step = s->last_red_step = s->saved_step = s->applied_step = -1;
     ts_status st = c->root && !s->root ? ts_error(TS_ERR_MEMORY, "ps: out of memory") : TS_OK;
     if (!st) st = ts_job_optim_config(c->job, &s->optim);
     if (!st) st = plan_range(m, c->shard, c->shards, &s->offset, &s->len);
@@ -362,6 +362,10 @@ static void serve(ts_shard *s, const ts_proto_identity *to, const ts_proto_range
     m.dtype = TS_PROTO_DT_F32;
     m.epoch = s->pos.epoch;
     m.offset = s->pos.offset;
+    if (s->applied_step == s->step) { /* what a worker that adopts the step logs of it */
+        memcpy(m.step_values, s->applied, sizeof s->applied);
+        m.nstep_values = TS_STEP_VALUES;
+    }
     ts_proto_payload *p = calloc(n, sizeof *p);
     if (!p || ts_proto_msg_set_ranges(&m, ranges, n)) {
         free(p);
@@ -614,12 +618,18 @@ static void on_apply(ts_shard *s, const ts_proto_identity *from, const ts_proto_
                (long long)m->step, (long long)s->step, s->decided ? ", deciding the next" : "");
         return;
     }
-    ts_status st = step_optimizer(s, ((const double *)m->payload[0].data)[0], s->decided_lr);
+    double sq_norm = ((const double *)m->payload[0].data)[0];
+    ts_status st = step_optimizer(s, sq_norm, s->decided_lr);
     if (st) {
         refuse(s, from, m, TS_PROTO_E_INTERNAL, "%s", ts_last_error());
         return;
     }
     int64_t before = s->step;
+    const double *v = s->decided_values;
+    s->applied_step = s->decided_step;
+    s->applied[TS_STEP_LOSS] = v[TS_DECIDED_SAMPLES] > 0 ? v[TS_DECIDED_LOSS_SUM] / v[TS_DECIDED_SAMPLES] : 0;
+    s->applied[TS_STEP_LR] = s->decided_lr;
+    s->applied[TS_STEP_GRAD_NORM] = sqrt(sq_norm);
     s->step = s->decided_step;
     s->pos = s->decided_pos;
     shard_clear_stagings(s);

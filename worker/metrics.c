@@ -129,9 +129,13 @@ ts_status ts_metrics_step(FILE *jsonl, const char *run_dir, const ts_step_stats 
     else if (comm > 0) /* waits for peers (all-reduce, pipeline neighbours) */
         snprintf(split, sizeof split, " (compute %.1f, wait %.1f)", s->step_ms - comm, c->wait_ms);
     if (bar_shown) fputc('\r', stderr);
-    printf("step %lld/%lld | loss %.4f | lr %.2e | %s | %.1f ms%s | mem %.1f MiB (peak %.1f)\n", (long long)s->step,
-           (long long)total_steps, s->loss, s->lr, rate, s->step_ms, split, (double)s->mem_bytes / (1 << 20),
-           (double)s->peak_bytes / (1 << 20));
+    if (s->adopted)
+        printf("step %lld/%lld | loss %.4f | lr %.2e | taken under a leader that left before logging it\n",
+               (long long)s->step, (long long)total_steps, s->loss, s->lr);
+    else
+        printf("step %lld/%lld | loss %.4f | lr %.2e | %s | %.1f ms%s | mem %.1f MiB (peak %.1f)\n",
+               (long long)s->step, (long long)total_steps, s->loss, s->lr, rate, s->step_ms, split,
+               (double)s->mem_bytes / (1 << 20), (double)s->peak_bytes / (1 << 20));
     fflush(stdout);
     progress(s->step, total_steps);
     if (!jsonl) return TS_OK;

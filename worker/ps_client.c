@@ -49,6 +49,8 @@ typedef struct {
     bool pull_sent, pull_done;
     int64_t pull_want, pull_step;
     ts_loader_pos pull_pos;
+    int pull_nvalues;          /* the answer's step values (0 or TS_STEP_VALUES) */
+    double pull_values[TS_STEP_VALUES];
     bool reduce_sent, reduce_done;
     bool rollback_sent, rollback_done;
     int64_t rollback_at;
@@ -316,6 +318,8 @@ static void take_pull(ts_ps_client *c, int k, const ts_proto_msg *m) {
         memcpy(c->cfg.params + m->ranges[i].offset, m->payload[i].data, m->payload[i].size);
     l->pull_step = m->step;
     l->pull_pos = (ts_loader_pos){m->epoch, m->offset};
+    l->pull_nvalues = (int)m->nstep_values;
+    memcpy(l->pull_values, m->step_values, sizeof l->pull_values);
     l->pull_done = true;
 }
 
@@ -601,7 +605,7 @@ bool ts_ps_client_pulling(const ts_ps_client *c) {
     return false;
 }
 
-ts_status ts_ps_client_pull_wait(ts_ps_client *c, int64_t *step, ts_loader_pos *pos) {
+ts_status ts_ps_client_pull_wait(ts_ps_client *c, ts_ps_pulled *out) {
     bool sync = c->cfg.job->parallel.consistency == TS_CONSISTENCY_SYNC;
     for (;;) {
         ts_status st = wait_for(c, WAIT_PULL, &c->times.pull_ms);
@@ -609,16 +613,21 @@ ts_status ts_ps_client_pull_wait(ts_ps_client *c, int64_t *step, ts_loader_pos *
         int ahead = 0;
         for (int k = 1; k < c->shards; k++)
             if (c->s[k].pull_step > c->s[ahead].pull_step) ahead = k;
-        *step = c->s[ahead].pull_step;
-        *pos = c->s[ahead].pull_pos;
+        const shard_link *a = &c->s[ahead];
+        *out = (ts_ps_pulled){.step = a->pull_step, .pos = a->pull_pos};
         bool behind = false;
         for (int k = 0; sync && k < c->shards; k++) {
             shard_link *l = &c->s[k];
-            if (l->pull_step == *step) continue;
+            if (l->pull_step == out->step) {
+                if (l->pull_nvalues == TS_STEP_VALUES && !out->logged) /* every shard that has them has the same */
+                    *out = (ts_ps_pulled){out->step, out->pos, true, l->pull_values[TS_STEP_LOSS],
+                                          l->pull_values[TS_STEP_LR], l->pull_values[TS_STEP_GRAD_NORM]};
+                continue;
+            }
             behind = true; /* it has not applied that step yet: ask it for it */
             l->pull_done = false;
-            l->pull_want = *step;
-            send_ask(c, k, TS_MSG_PULL, *step);
+            l->pull_want = out->step;
+            send_ask(c, k, TS_MSG_PULL, out->step);
         }
         if (!behind) {
             for (int k = 0; k < c->shards; k++) c->s[k].pull_sent = false;

@@ -109,10 +109,21 @@ ts_status ts_ps_client_pull(ts_ps_client *c, int64_t want);
 /* Whether a pull is on its way. */
 bool ts_ps_client_pulling(const ts_ps_client *c);
 
+/* What a pull's answers say of the step of their parameters: the data
+ * position after it and, when the shards decided the step themselves
+ * (sync), the loss, learning rate and gradient norm its workers logged -
+ * for a worker that adopts the step without having computed it. */
+typedef struct {
+    int64_t step;
+    ts_loader_pos pos;
+    bool logged; /* loss, lr and grad_norm hold the step's */
+    double loss, lr, grad_norm;
+} ts_ps_pulled;
+
 /* Waits for the pull's answers (written into params) until every shard
  * answered with the same step; a shard ahead makes the others be asked
- * again for its step. *step and *pos: that step and the data position. */
-ts_status ts_ps_client_pull_wait(ts_ps_client *c, int64_t *step, ts_loader_pos *pos);
+ * again for its step. *out: that step, as its answers describe it. */
+ts_status ts_ps_client_pull_wait(ts_ps_client *c, ts_ps_pulled *out);
 
 /* Sums v[0..n) over the live workers at shard 0 (reduction id of step). */
 ts_status ts_ps_client_reduce(ts_ps_client *c, int64_t step, int64_t id, double *v, int n);

@@ -76,7 +76,7 @@ static ts_status sync_state(ts_strategy *s) {
     if (st) return st;
     if (h.step > t->step && h.taken)
         t->last_taken = (ts_step_stats){.step = h.step, .loss = h.loss, .lr = h.lr, .grad_norm = h.grad_norm,
-                                        .taken = true};
+                                        .taken = true, .adopted = true};
     t->step = h.step;
     t->total_steps = h.total_steps;
     d->g.step_start = (ts_loader_pos){h.epoch, h.offset};

@@ -76,22 +76,26 @@ static void take_group(ps_strategy *d) {
                      .leader = index == 0};
 }
 
-/* Pulls the parameters of step >= want into the model; *step and the
- * loader follow the shards' step and data position when adopt is set. */
+/* Pulls the parameters of step >= want into the model; the trainer's step
+ * and the loader follow the shards' step and data position when adopt is
+ * set, and a step adopted that this worker did not take is its last taken
+ * as the shards describe it, for the log. */
 static ts_status pull(ps_strategy *d, int64_t want, bool adopt) {
     ts_trainer *t = d->base.trainer;
     ts_status st = ts_ps_client_pull(d->c, want);
-    int64_t step;
-    ts_loader_pos pos;
-    if (!st) st = ts_ps_client_pull_wait(d->c, &step, &pos);
+    ts_ps_pulled p;
+    if (!st) st = ts_ps_client_pull_wait(d->c, &p);
     if (!st) st = ts_mirror_params_arrived(d->mirror);
-    if (!st && adopt && (step != t->step || pos.epoch != ts_loader_position(t->loader).epoch ||
-                         pos.offset != ts_loader_position(t->loader).offset)) {
-        t->step = step;
-        st = ts_loader_set_position(t->loader, pos);
+    if (!st && adopt && p.step > t->step && p.logged)
+        t->last_taken = (ts_step_stats){.step = p.step, .loss = p.loss, .lr = p.lr, .grad_norm = p.grad_norm,
+                                        .taken = true, .adopted = true};
+    if (!st && adopt && (p.step != t->step || p.pos.epoch != ts_loader_position(t->loader).epoch ||
+                         p.pos.offset != ts_loader_position(t->loader).offset)) {
+        t->step = p.step;
+        st = ts_loader_set_position(t->loader, p.pos);
     }
     if (!st) st = ts_model_sync_compute(t->model); /* the bf16 copy follows the pulled master */
-    if (!st) d->have = adopt ? step : t->step;
+    if (!st) d->have = adopt ? p.step : t->step;
     return st;
 }
 

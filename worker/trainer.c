@@ -477,7 +477,7 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s) {
     ts_strategy *sg = t->strategy;
     double t0 = ts_clock_ms();
     int64_t samples = 0;
-    s->taken = false;
+    s->taken = s->adopted = false;
     ts_alloc_reset_peak();
     ts_alloc_reset_rss_peak();
     sg->times = (ts_comm_times){0};
@@ -518,8 +518,8 @@ static ts_status log_line(ts_trainer *t, const ts_step_stats *s) {
 
 /* Says which steps before `first`, the next this leader logs, have no line
  * that train.log_every asked for: every worker that took them left before
- * logging them (one that adopted their state, as a ps job's restarted
- * workers do, has no loss of them to log). */
+ * logging them, and the state this one adopted did not say their loss (a
+ * ps job's async steps, a step its shards restored). */
 static void say_unlogged(const ts_trainer *t, int64_t first) {
     int64_t every = t->job.train.log_every, from = (t->logged_step / every + 1) * every;
     if (from >= first) return;

@@ -36,6 +36,7 @@ typedef struct {
     size_t rss_peak_bytes; /* resident set's peak during the step */
     ts_comm_times comm;    /* the strategy's communication; the rest of step_ms computes */
     bool taken;            /* an optimizer step was applied (false: the job ended first) */
+    bool adopted;          /* taken by ranks that left: only step, loss, lr and grad_norm are known */
 } ts_step_stats;
 
 typedef struct {

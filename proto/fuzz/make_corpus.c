@@ -36,6 +36,8 @@ static size_t fill(ts_proto_msg *m, uint32_t t, uint64_t *lens) {
     m->max_workers = 4;
     m->epoch = 2;
     m->offset = 4096;
+    m->step_values[TS_STEP_LOSS] = 2.25, m->step_values[TS_STEP_LR] = 1e-3, m->step_values[TS_STEP_GRAD_NORM] = 0.5;
+    m->nstep_values = TS_STEP_VALUES;
     m->sequence = 9;
     m->flow = 1;
     if (t == TS_MSG_JOIN_ACK || t == TS_MSG_MEMBERSHIP || t == TS_MSG_STATUS_REPLY)

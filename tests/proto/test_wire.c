@@ -89,6 +89,9 @@ static void sample(ts_proto_msg *m, uint32_t t) {
     default: {
         m->epoch = 3;
         m->offset = 1280;
+        m->step_values[TS_STEP_LOSS] = 2.302585, m->step_values[TS_STEP_LR] = 3e-4;
+        m->step_values[TS_STEP_GRAD_NORM] = 0.75;
+        m->nstep_values = t == TS_MSG_PULL_REPLY ? TS_STEP_VALUES : 0;
         ts_proto_range rg[2] = {{0, 4}, {10, 2}};
         m->sequence = 1u << 20;
         m->flow = 1;
@@ -196,6 +199,8 @@ static void assert_same(const ts_proto_msg *a, const ts_proto_msg *b) {
     case TS_MSG_PULL_REPLY:
         assert_int_equal(a->epoch, b->epoch);
         assert_int_equal(a->offset, b->offset);
+        assert_int_equal(a->nstep_values, b->nstep_values);
+        for (uint32_t i = 0; i < a->nstep_values; i++) assert_true(a->step_values[i] == b->step_values[i]);
         break;
     case TS_MSG_ERROR:
     case TS_MSG_SHUTDOWN:
@@ -294,6 +299,16 @@ static void common(hb *h, uint32_t t, const char *omit, int extra) {
         case 6: key(h, "ln"); msgpack_pack_array(&h->pk, 0); break;
         }
     }
+}
+
+/* Packs a PULL_REPLY header with no ranges whose "sv" array has n
+ * entries, to be packed next. */
+static void pull_reply_head(hb *h, uint32_t n) {
+    common(h, TS_MSG_PULL_REPLY, NULL, 3);
+    kv_int(h, "ep", 0);
+    kv_int(h, "of", 0);
+    key(h, "sv");
+    msgpack_pack_array(&h->pk, n);
 }
 
 /* Decodes h's bytes as a header with no payload under lim (default when
@@ -403,6 +418,13 @@ static void test_wrong_field_types(void **state) {
     msgpack_pack_array(&h.pk, 1);
     msgpack_pack_double(&h.pk, 1.5);
     expect(decode_hb(&h, NULL), TS_PROTO_E_FIELD_TYPE, "ln[0]");
+    /* a pull reply's step values are floats */
+    hb_init(&h);
+    pull_reply_head(&h, 3);
+    msgpack_pack_double(&h.pk, 2.5);
+    msgpack_pack_uint64(&h.pk, 1);
+    msgpack_pack_double(&h.pk, 0.5);
+    expect(decode_hb(&h, NULL), TS_PROTO_E_FIELD_TYPE, "sv[1]");
 }
 
 static void test_missing_fields(void **state) {
@@ -421,6 +443,11 @@ static void test_missing_fields(void **state) {
     hb_init(&h);
     common(&h, TS_MSG_HEARTBEAT, NULL, 0);
     expect(decode_hb(&h, NULL), TS_PROTO_E_MISSING, "\"lb\" (last_barrier)");
+    hb_init(&h);
+    common(&h, TS_MSG_PULL_REPLY, NULL, 2);
+    kv_int(&h, "ep", 0);
+    kv_int(&h, "of", 0);
+    expect(decode_hb(&h, NULL), TS_PROTO_E_MISSING, "\"sv\" (step_values)");
 }
 
 static void test_field_values(void **state) {
@@ -455,6 +482,15 @@ static void test_field_values(void **state) {
     common(&h, TS_MSG_PULL, NULL, 1);
     kv_uint(&h, "dt", 99);
     expect(decode_hb(&h, NULL), TS_PROTO_E_FIELD_VALUE, "\"dt\" (dtype)");
+    /* a pull reply has all its step values or none */
+    hb_init(&h);
+    pull_reply_head(&h, 2);
+    msgpack_pack_double(&h.pk, 2.5);
+    msgpack_pack_double(&h.pk, 1e-3);
+    expect(decode_hb(&h, NULL), TS_PROTO_E_FIELD_VALUE, "\"sv\" (step_values) has 2 entries, expected 0 or 3");
+    hb_init(&h);
+    pull_reply_head(&h, 0);
+    expect(decode_hb(&h, NULL), TS_PROTO_OK, NULL);
     /* unknown keys are ignored */
     hb_init(&h);
     common(&h, TS_MSG_STEP_DONE, NULL, 1);
@@ -655,6 +691,10 @@ static void test_encoder_refuses_bad_values(void **state) {
     ts_proto_msg_init(&m, TS_MSG_BARRIER, "j", 1, 0); /* barrier_id -1 */
     assert_int_equal(ts_proto_encode(&m, &buf, &size), TS_ERR_VALUE);
     assert_non_null(strstr(ts_last_error(), "\"bi\" (barrier_id)"));
+    ts_proto_msg_init(&m, TS_MSG_PULL_REPLY, "j", 1, 0);
+    m.nstep_values = 2;
+    assert_int_equal(ts_proto_encode(&m, &buf, &size), TS_ERR_VALUE);
+    assert_non_null(strstr(ts_last_error(), "\"sv\" (step_values) has 2 entries"));
     ts_proto_msg_init(&m, (ts_proto_type)77, "j", 1, 0);
     assert_int_equal(ts_proto_encode(&m, &buf, &size), TS_ERR_VALUE);
     char big[TS_PROTO_REASON_MAX + 10];
