@@ -301,11 +301,15 @@ static void test_stop_leader(void **state) {
  * metrics.jsonl), and is then killed (rank 1 leads again). Before, rank 1
  * kept the file it had opened when it first led, which the restarted
  * leader had replaced, and wrote every later step's line there: the run's
- * metrics.jsonl ended at the step of the second kill. */
+ * metrics.jsonl ended at the step of the second kill. With min_workers 2
+ * the survivors go on as two each time and the leader rejoins them; a
+ * ring port whose lingering connection to the killed leader dropped once
+ * left the three timing out on each other generation after generation
+ * (collective test_ring linger_drop). */
 static void test_leader_back(void **state) {
     (void)state;
     const char *name = "ddp-leader-back";
-    th_proc run = start_to_step_20(name, 3, "\"max_restarts\": 2");
+    th_proc run = start_to_step_20(name, 3, "\"max_restarts\": 2, \"min_workers\": 2");
     stop_leader_of_3(&run);
     pid_t leader;
     if (th_joined_worker(&run, 3, &leader) != 0) dump(&run, "the restarted leader did not get rank 0 back");
