@@ -613,17 +613,14 @@ ts_status ts_ps_client_pull_wait(ts_ps_client *c, ts_ps_pulled *out) {
         int ahead = 0;
         for (int k = 1; k < c->shards; k++)
             if (c->s[k].pull_step > c->s[ahead].pull_step) ahead = k;
-        const shard_link *a = &c->s[ahead];
-        *out = (ts_ps_pulled){.step = a->pull_step, .pos = a->pull_pos};
+        const shard_link *a = &c->s[ahead]; /* every shard that applied the step has the same values */
+        const double *v = a->pull_values;
+        *out = (ts_ps_pulled){a->pull_step, a->pull_pos, a->pull_nvalues == TS_STEP_VALUES, v[TS_STEP_LOSS],
+                              v[TS_STEP_LR], v[TS_STEP_GRAD_NORM]};
         bool behind = false;
         for (int k = 0; sync && k < c->shards; k++) {
             shard_link *l = &c->s[k];
-            if (l->pull_step == out->step) {
-                if (l->pull_nvalues == TS_STEP_VALUES && !out->logged) /* every shard that has them has the same */
-                    *out = (ts_ps_pulled){out->step, out->pos, true, l->pull_values[TS_STEP_LOSS],
-                                          l->pull_values[TS_STEP_LR], l->pull_values[TS_STEP_GRAD_NORM]};
-                continue;
-            }
+            if (l->pull_step == out->step) continue;
             behind = true; /* it has not applied that step yet: ask it for it */
             l->pull_done = false;
             l->pull_want = out->step;

@@ -74,9 +74,7 @@ static ts_status sync_state(ts_strategy *s) {
      * the next step's collectives start even */
     if (!st) st = ts_dp_group_meet(&d->g, TS_COMM_BARRIER, NULL, NULL, 0, TS_U8);
     if (st) return st;
-    if (h.step > t->step && h.taken)
-        t->last_taken = (ts_step_stats){.step = h.step, .loss = h.loss, .lr = h.lr, .grad_norm = h.grad_norm,
-                                        .taken = true, .adopted = true};
+    if (h.taken) ts_trainer_adopt_step(t, h.step, h.loss, h.lr, h.grad_norm);
     t->step = h.step;
     t->total_steps = h.total_steps;
     d->g.step_start = (ts_loader_pos){h.epoch, h.offset};

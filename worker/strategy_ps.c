@@ -86,9 +86,7 @@ static ts_status pull(ps_strategy *d, int64_t want, bool adopt) {
     ts_ps_pulled p;
     if (!st) st = ts_ps_client_pull_wait(d->c, &p);
     if (!st) st = ts_mirror_params_arrived(d->mirror);
-    if (!st && adopt && p.step > t->step && p.logged)
-        t->last_taken = (ts_step_stats){.step = p.step, .loss = p.loss, .lr = p.lr, .grad_norm = p.grad_norm,
-                                        .taken = true, .adopted = true};
+    if (!st && adopt && p.logged) ts_trainer_adopt_step(t, p.step, p.loss, p.lr, p.grad_norm);
     if (!st && adopt && (p.step != t->step || p.pos.epoch != ts_loader_position(t->loader).epoch ||
                          p.pos.offset != ts_loader_position(t->loader).offset)) {
         t->step = p.step;

@@ -532,6 +532,12 @@ static void say_unlogged(const ts_trainer *t, int64_t first) {
                "them\n", (long long)from, (long long)to);
 }
 
+void ts_trainer_adopt_step(ts_trainer *t, int64_t step, double loss, double lr, double grad_norm) {
+    if (step > t->step)
+        t->last_taken = (ts_step_stats){.step = step, .loss = loss, .lr = lr, .grad_norm = grad_norm, .taken = true,
+                                        .adopted = true};
+}
+
 ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s) {
     ts_step_stats before = t->last_taken;
     t->last_taken = *s;

@@ -153,6 +153,12 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s);
  * that it takes them over afresh should the lead come back to it. */
 ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s);
 
+/* A strategy that adopted a peer's state of step `step` ahead of this
+ * rank's, with what was logged of it, keeps that as the last step taken
+ * (adopted), for ts_trainer_log_step to log should its leader have left
+ * first. Call before the trainer's step moves to it. */
+void ts_trainer_adopt_step(ts_trainer *t, int64_t step, double loss, double lr, double grad_norm);
+
 /* Loss and accuracy (or bits per byte) on the validation set, or the test
  * set, in eval mode and without gradients, scored in batches of
  * train.batch_size that the group's ranks take in turn; at most
