@@ -46,10 +46,14 @@ static inline float reduced(ts_reduce_op op, int n, int64_t i, ts_dtype dt) {
         }                                                                      \
     } while (0)
 
-/* Every collective on n elements of dt, checked against the reference. */
+/* Every collective on a buffer of count elements of dt, checked against
+ * the reference: allreduce, broadcast and send/recv move count elements;
+ * reduce_scatter and allgather move n blocks of ceil(count / n). */
 static inline void check_all(ts_comm *c, int r, int n, int64_t count, ts_dtype dt) {
-    size_t es = ts_dtype_size(dt), bytes = (size_t)count * es;
-    char *a = malloc(bytes * (size_t)n + 1), *b = malloc(bytes * (size_t)n + 1);
+    int64_t block = (count + n - 1) / n;
+    size_t es = ts_dtype_size(dt), bytes = (size_t)count * es, bbytes = (size_t)block * es;
+    size_t cap = bytes > bbytes * (size_t)n ? bytes : bbytes * (size_t)n;
+    char *a = malloc(cap + 1), *b = malloc(cap + 1);
     CHECK(a && b, "out of memory");
     static const ts_reduce_op ops[] = {TS_REDUCE_SUM, TS_REDUCE_AVG, TS_REDUCE_MAX};
     for (int k = 0; k < 3; k++) {
@@ -62,26 +66,26 @@ static inline void check_all(ts_comm *c, int r, int n, int64_t count, ts_dtype d
             CHECK(at(out, dt, i) == reduced(ops[k], n, i, dt), "rank %d: allreduce op %d of %lld %s: [%lld] = %g, want %g",
                   r, k, (long long)count, ts_dtype_name(dt), (long long)i, at(out, dt, i), reduced(ops[k], n, i, dt));
     }
-    /* reduce_scatter: block q of rank r's input holds value(r, q * count + i) */
-    fill(a, dt, r, count * n);
-    CHECK(!ts_comm_reduce_scatter(c, a, b, count, dt, TS_REDUCE_SUM), "rank %d: reduce_scatter: %s", r, ts_last_error());
-    for (int64_t i = 0; i < count; i++)
-        CHECK(at(b, dt, i) == reduced(TS_REDUCE_SUM, n, (int64_t)r * count + i, dt), "rank %d: reduce_scatter [%lld]", r,
+    /* reduce_scatter: block q of rank r's input holds value(r, q * block + i) */
+    fill(a, dt, r, block * n);
+    CHECK(!ts_comm_reduce_scatter(c, a, b, block, dt, TS_REDUCE_SUM), "rank %d: reduce_scatter: %s", r, ts_last_error());
+    for (int64_t i = 0; i < block; i++)
+        CHECK(at(b, dt, i) == reduced(TS_REDUCE_SUM, n, (int64_t)r * block + i, dt), "rank %d: reduce_scatter [%lld]", r,
               (long long)i);
     /* reduce_scatter in place: the result lands in the rank's own slot */
-    fill(a, dt, r, count * n);
-    CHECK(!ts_comm_reduce_scatter(c, a, a + bytes * (size_t)r, count, dt, TS_REDUCE_AVG),
+    fill(a, dt, r, block * n);
+    CHECK(!ts_comm_reduce_scatter(c, a, a + bbytes * (size_t)r, block, dt, TS_REDUCE_AVG),
           "rank %d: reduce_scatter in place: %s", r, ts_last_error());
-    for (int64_t i = 0; i < count; i++)
-        CHECK(at(a + bytes * (size_t)r, dt, i) == reduced(TS_REDUCE_AVG, n, (int64_t)r * count + i, dt),
+    for (int64_t i = 0; i < block; i++)
+        CHECK(at(a + bbytes * (size_t)r, dt, i) == reduced(TS_REDUCE_AVG, n, (int64_t)r * block + i, dt),
               "rank %d: reduce_scatter in place [%lld]", r, (long long)i);
     /* allgather in place: own block already in its slot */
-    memset(b, 0, bytes * (size_t)n);
-    fill(b + bytes * (size_t)r, dt, r, count);
-    CHECK(!ts_comm_allgather(c, b + bytes * (size_t)r, b, count, dt), "rank %d: allgather: %s", r, ts_last_error());
+    memset(b, 0, bbytes * (size_t)n);
+    fill(b + bbytes * (size_t)r, dt, r, block);
+    CHECK(!ts_comm_allgather(c, b + bbytes * (size_t)r, b, block, dt), "rank %d: allgather: %s", r, ts_last_error());
     for (int q = 0; q < n; q++)
-        for (int64_t i = 0; i < count; i++)
-            CHECK(at(b + bytes * (size_t)q, dt, i) == value(q, i), "rank %d: allgather block %d [%lld]", r, q,
+        for (int64_t i = 0; i < block; i++)
+            CHECK(at(b + bbytes * (size_t)q, dt, i) == value(q, i), "rank %d: allgather block %d [%lld]", r, q,
                   (long long)i);
     /* broadcast from the last rank */
     fill(a, dt, r, count);

@@ -23,7 +23,8 @@ int main(int argc, char **argv) {
         check_all(c, r, n, counts[k], TS_F32);
         check_all(c, r, n, counts[k], TS_BF16);
     }
-    if (n <= 4) check_all(c, r, n, ((int64_t)16 << 20) + 3, TS_F32);
+    check_all(c, r, n, ((int64_t)16 << 20) + 3, TS_F32);
+    check_all(c, r, n, ((int64_t)32 << 20) + 3, TS_BF16);
     ts_comm_free(c);
     if (r == 0) printf("mpi backend: every collective holds for %d ranks\n", n);
     MPI_Finalize();

@@ -106,7 +106,8 @@ static void sizes_body(int r, int n, const char *transport) {
         check_all(c, r, n, counts[k], TS_F32);
         check_all(c, r, n, counts[k], TS_BF16);
     }
-    if (n <= 4) check_all(c, r, n, ((int64_t)16 << 20) + 3, TS_F32); /* 64 MiB + 12 bytes */
+    check_all(c, r, n, ((int64_t)16 << 20) + 3, TS_F32);  /* 64 MiB + 12 bytes */
+    check_all(c, r, n, ((int64_t)32 << 20) + 3, TS_BF16); /* 64 MiB + 6 bytes */
     ts_comm_free(c);
     ts_ring_port_close(port);
 }
@@ -127,7 +128,7 @@ static void small_body(int r, int n, const char *transport) {
     ts_ring_port_close(port);
 }
 
-static void test_eight(void **state) { (void)state; run_ranks(8, small_body, "tcp"); }
+static void test_eight(void **state) { (void)state; run_ranks(8, sizes_body, "tcp"); }
 /* parallel.ring_security "none": the same ring without CURVE */
 static void test_three_plain(void **state) { (void)state; run_ranks(3, small_body, "tcp-plain"); }
 
