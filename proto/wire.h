@@ -139,7 +139,8 @@ enum { TS_COMMIT_LOSS_SUM, TS_COMMIT_SAMPLES, TS_COMMIT_SQ_NORM, TS_COMMIT_LR, T
 enum { TS_DECIDED_LOSS_SUM, TS_DECIDED_SAMPLES, TS_DECIDED_SQ_NORM, TS_DECIDED_WORKERS, TS_DECIDED_STOP,
        TS_DECIDED_VALUES };
 /* A PULL_REPLY's "sv": the loss, learning rate and gradient norm of its
- * step, as the step's workers logged them. */
+ * step, as the step's workers (sync) or the worker that finished it
+ * (async, bounded) logged them. */
 enum { TS_STEP_LOSS, TS_STEP_LR, TS_STEP_GRAD_NORM, TS_STEP_VALUES };
 
 /* Node roles ("ro", roster entries). */

@@ -67,7 +67,7 @@ struct ts_shard {
     ts_loader_pos decided_pos;
     int64_t last_decided_step;       /* kept for commits repeated after the apply */
     double last_decided[TS_DECIDED_VALUES];
-    int64_t applied_step;            /* sync: the last step this shard applied, -1 none */
+    int64_t applied_step;            /* the last step applied as a whole (sync) or finished by a commit (async), -1 none */
     double applied[TS_STEP_VALUES];  /* ... its loss, learning rate and norm, for its pulls */
     shard_pull *pulls;
     int npulls, cappulls;

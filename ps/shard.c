@@ -539,7 +539,18 @@ static void own_decision(const double *c, double *v) {
     v[TS_DECIDED_STOP] = c[TS_COMMIT_STOP];
 }
 
-/* Async, bounded: applies w's gradient of its committed step at once. */
+/* Keeps what a worker that adopts step `step` logs of it: the loss of
+ * loss_sum over samples, the learning rate and the norm of sq_norm. */
+static void keep_applied(ts_shard *s, int64_t step, double loss_sum, double samples, double lr, double sq_norm) {
+    s->applied_step = step;
+    s->applied[TS_STEP_LOSS] = samples > 0 ? loss_sum / samples : 0;
+    s->applied[TS_STEP_LR] = lr;
+    s->applied[TS_STEP_GRAD_NORM] = sqrt(sq_norm);
+}
+
+/* Async, bounded: applies w's gradient of its committed step at once. The
+ * step the shard is at (every live worker's) is described by the commit
+ * that finished it, as the worker that sent it logs it. */
 static void apply_one(ts_shard *s, const ts_proto_identity *from, const ts_proto_msg *m, shard_worker *w) {
     take_staging(s, w);
     ts_status st = step_optimizer(s, w->values[TS_COMMIT_SQ_NORM], w->values[TS_COMMIT_LR]);
@@ -551,7 +562,10 @@ static void apply_one(ts_shard *s, const ts_proto_identity *from, const ts_proto
     w->done = m->step;
     clear_staging(w);
     s->step = slowest(s);
-    s->pos = (ts_loader_pos){(int64_t)w->values[TS_COMMIT_EPOCH], (int64_t)w->values[TS_COMMIT_OFFSET]};
+    const double *c = w->values;
+    if (m->step == s->step)
+        keep_applied(s, m->step, c[TS_COMMIT_LOSS_SUM], c[TS_COMMIT_SAMPLES], c[TS_COMMIT_LR], c[TS_COMMIT_SQ_NORM]);
+    s->pos = (ts_loader_pos){(int64_t)c[TS_COMMIT_EPOCH], (int64_t)c[TS_COMMIT_OFFSET]};
     double v[TS_DECIDED_VALUES];
     own_decision(w->values, v);
     send_values(s, from, TS_MSG_COMMIT_REPLY, m->step, 0, v, TS_DECIDED_VALUES);
@@ -626,10 +640,7 @@ static void on_apply(ts_shard *s, const ts_proto_identity *from, const ts_proto_
     }
     int64_t before = s->step;
     const double *v = s->decided_values;
-    s->applied_step = s->decided_step;
-    s->applied[TS_STEP_LOSS] = v[TS_DECIDED_SAMPLES] > 0 ? v[TS_DECIDED_LOSS_SUM] / v[TS_DECIDED_SAMPLES] : 0;
-    s->applied[TS_STEP_LR] = s->decided_lr;
-    s->applied[TS_STEP_GRAD_NORM] = sqrt(sq_norm);
+    keep_applied(s, s->decided_step, v[TS_DECIDED_LOSS_SUM], v[TS_DECIDED_SAMPLES], s->decided_lr, sq_norm);
     s->step = s->decided_step;
     s->pos = s->decided_pos;
     shard_clear_stagings(s);

@@ -161,6 +161,7 @@ static ts_status ps_attach(ts_strategy *s) {
     ts_status st = ts_trainer_follow_group(t);
     bool again;
     if (!st) st = recover(d, pull(d, 0, true), &again);
+    if (!st && t->step > 0) d->exit_at = -1; /* a joiner: the fault is for the run's first workers */
     return st;
 }
 
@@ -270,8 +271,9 @@ static ts_status ps_sq_norm(ts_strategy *s, double *global) {
 
 /* Fault injection for the tests, from TESSERA_FAULT, for deaths a kill -9
  * hits only by chance: "leader_exit@K" ends the leader, "workers_exit@K"
- * every worker, once it took step K (sync: applied and pulled it), before
- * it logs or saves it. */
+ * every worker, once it took step K (sync: applied and pulled it; async
+ * and bounded: its commit applied), before it logs or saves it. Workers
+ * that join the running job (a restart) are not hit. */
 static void fault_exit(const ps_strategy *d, int64_t step) {
     if (step != d->exit_at || !(d->all_exit || d->base.group.leader)) return;
     printf("ps: TESSERA_FAULT: rank %d exits after step %lld\n", d->base.group.rank, (long long)step);
@@ -295,6 +297,10 @@ static ts_status ps_end_step(ts_strategy *s, int64_t step) {
             st = recover(d, st, &again);
         }
         if (!st && d->rollback_to < 0) fault_exit(d, step);
+    } else if (step == d->exit_at) {
+        ts_ps_pulled p; /* the commit went out unanswered: the shards answer this pull after applying it */
+        st = ts_ps_client_pull_wait(d->c, &p);
+        if (!st) fault_exit(d, step);
     }
     /* the last step is reported by the node once the run, evaluation
      * included, is over: the scheduler then ends the job. Async workers

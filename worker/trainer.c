@@ -519,7 +519,8 @@ static ts_status log_line(ts_trainer *t, const ts_step_stats *s) {
 /* Says which steps before `first`, the next this leader logs, have no line
  * that train.log_every asked for: every worker that took them left before
  * logging them, and the state this one adopted did not say their loss (a
- * ps job's async steps, a step its shards restored). */
+ * ps step its shards restored from a checkpoint; async, the steps before
+ * the one the shards describe). */
 static void say_unlogged(const ts_trainer *t, int64_t first) {
     int64_t every = t->job.train.log_every, from = (t->logged_step / every + 1) * every;
     if (from >= first) return;
@@ -532,15 +533,34 @@ static void say_unlogged(const ts_trainer *t, int64_t first) {
                "them\n", (long long)from, (long long)to);
 }
 
+/* Keeps s as the last step this rank took, and among its recent ones. */
+static void keep_step(ts_trainer *t, const ts_step_stats *s) {
+    int i = (int)(s->step % TS_TRAINER_RECENT);
+    t->last_taken = *s;
+    t->recent[i] = *s;
+    t->recent_seq[i] = ++t->kept;
+}
+
+/* The first of the steps before `step` (itself kept last) that this rank
+ * kept one after the other up to it and that no line has yet. */
+static int64_t first_unlogged_kept(const ts_trainer *t, int64_t step) {
+    int64_t first = step, seq = t->kept;
+    while (first - 1 > t->logged_step && step - first + 1 < TS_TRAINER_RECENT) {
+        int i = (int)((first - 1) % TS_TRAINER_RECENT);
+        if (t->recent[i].step != first - 1 || !t->recent[i].taken || t->recent_seq[i] != seq - 1) break;
+        first--, seq--;
+    }
+    return first;
+}
+
 void ts_trainer_adopt_step(ts_trainer *t, int64_t step, double loss, double lr, double grad_norm) {
     if (step > t->step)
-        t->last_taken = (ts_step_stats){.step = step, .loss = loss, .lr = lr, .grad_norm = grad_norm, .taken = true,
-                                        .adopted = true};
+        keep_step(t, &(ts_step_stats){.step = step, .loss = loss, .lr = lr, .grad_norm = grad_norm, .taken = true,
+                                      .adopted = true});
 }
 
 ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s) {
-    ts_step_stats before = t->last_taken;
-    t->last_taken = *s;
+    keep_step(t, s);
     if (!t->strategy->group.leader) {
         /* a rank that lost the lead lets go of the file: the next leader
          * replaces it (ts_metrics_open), and should the lead come back,
@@ -555,11 +575,12 @@ ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s) {
     }
     if (!t->metrics && t->run_dir[0] && !(t->metrics = ts_metrics_open(t->run_dir, s->step - 1, &t->logged_step)))
         return ts_last_status();
-    /* the step before, which this rank took (or adopted) and no leader
-     * logged: the one that took it left before it could */
-    bool late = before.step == s->step - 1 && before.step > t->logged_step;
-    say_unlogged(t, late ? before.step : s->step);
-    ts_status st = late ? log_line(t, &before) : TS_OK;
+    /* the steps before, which this rank took (or adopted) and no leader
+     * logged: the one that took them left before it could */
+    int64_t first = first_unlogged_kept(t, s->step);
+    say_unlogged(t, first);
+    ts_status st = TS_OK;
+    for (int64_t k = first; k < s->step && !st; k++) st = log_line(t, &t->recent[k % TS_TRAINER_RECENT]);
     return st ? st : log_line(t, s);
 }
 

@@ -47,6 +47,9 @@ typedef struct {
     int64_t predictions;   /* targets scored: samples, or tokens for GPT */
 } ts_eval_stats;
 
+/* How many of its latest steps a rank keeps for a new leader to log. */
+#define TS_TRAINER_RECENT 64
+
 /* The context of one parameter's gradient hook. */
 typedef struct {
     struct ts_trainer *trainer;
@@ -73,6 +76,9 @@ struct ts_trainer {
     FILE *metrics;         /* the leader's metrics.jsonl, else NULL */
     int64_t logged_step;   /* the leader's last step logged (or passed over by log_every) */
     ts_step_stats last_taken; /* the last step this rank took or adopted from a peer (step 0: none) */
+    ts_step_stats recent[TS_TRAINER_RECENT]; /* the steps it took or adopted lately, at step % TS_TRAINER_RECENT */
+    int64_t recent_seq[TS_TRAINER_RECENT];   /* ... each one's place in the order they were kept */
+    int64_t kept;          /* steps kept in recent so far */
     ts_strategy *strategy; /* owned */
     ts_group shard;        /* the (rank, world) the loader is sharded by */
     bool last_micro;       /* backward of the step's last micro-batch runs */
@@ -147,9 +153,10 @@ ts_status ts_trainer_step(ts_trainer *t, ts_step_stats *s);
  * cut after the step before s (the old leader may have logged s); so does a
  * leader whose job went back (a checkpoint reloaded, steps replayed): the
  * lines of the steps taken again go, as on --resume. Every rank keeps s
- * (last_taken): a leader that finds the line of the step before s missing
- * (the old leader left inside it, after the group took it) logs the one it
- * kept first. A rank that is not the leader closes the metrics it held, so
+ * (last_taken, recent): a leader that finds the lines of the steps before
+ * s missing (the old leader left before logging them: inside a step the
+ * group took, or, async, while this rank went on) logs first those of them
+ * it took or adopted one after the other up to s, as it kept them. A rank that is not the leader closes the metrics it held, so
  * that it takes them over afresh should the lead come back to it. */
 ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s);
 

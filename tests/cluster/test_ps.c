@@ -440,6 +440,35 @@ static void test_workers_exit(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* The same in async mode: the shards' step is the one every live worker
+ * finished, and their pull answers carry the loss, learning rate and norm
+ * of the commit that finished it; the new leader logs it, and no step
+ * that train.log_every asks for is left without its line, also those the
+ * restarted workers took while the old leader was not yet declared dead.
+ * (The run is long enough for that to happen before its end.) */
+static void test_workers_exit_async(void **state) {
+    (void)state;
+    enum { STEPS = 200 };
+    const char *job = th_job_file("ps-workers-exit-async", "mlp", STEPS, 16, 1,
+                                  FAULT_PARALLEL ", \"consistency\": \"async\", \"max_restarts\": 8, "
+                                  "\"min_workers\": 2, \"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 5000");
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path("ps-workers-exit-async"), NULL};
+    setenv("TESSERA_FAULT", "workers_exit@10", 1);
+    th_proc run = th_start("ps-workers-exit-async", argv);
+    unsetenv("TESSERA_FAULT");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after the fault");
+    if (th_count(&run, "exits after step 10") < 1) th_dump(&run, "no fault at step 10");
+    if (th_count(&run, "has no line") != 0) th_dump(&run, "a step was left without its line");
+    if (th_count(&run, "step 10/200 | loss ") != 1 ||
+        th_count(&run, "| taken under a leader that left before logging it") != 1)
+        th_dump(&run, "the new leader did not log step 10 once, as the shards described it");
+    double loss[MAX_STEPS];
+    assert_int_equal(read_losses(th_path("ps-workers-exit-async"), loss), STEPS);
+    for (int s = 1; s <= STEPS; s++)
+        if (!(loss[s] > 0)) fail_msg("step %d has no loss in metrics.jsonl", s);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 static void test_kill_shard(void **state) {
     (void)state;
     lose_shard("kills", SIGKILL);
@@ -714,7 +743,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_many_shards),
         cmocka_unit_test(test_async_bounded),   cmocka_unit_test(test_join),
         cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_leader_exit),
-        cmocka_unit_test(test_workers_exit),
+        cmocka_unit_test(test_workers_exit),    cmocka_unit_test(test_workers_exit_async),
         cmocka_unit_test(test_kill_shard),      cmocka_unit_test(test_stop_shard),
         cmocka_unit_test(test_kill_primary),    cmocka_unit_test(test_kill_primary_twice),
         cmocka_unit_test(test_resume), cmocka_unit_test(test_resume_reshard),
