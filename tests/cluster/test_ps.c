@@ -406,6 +406,31 @@ static void test_leader_exit(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Runs the MLP job `name` for `steps` steps with 4 workers, `extra` added
+ * to its parallel section, every one of them exiting once it took step 10
+ * (TESSERA_FAULT workers_exit@10): checks that the restarted workers
+ * finish the job, that the new leader logs step 10 once as the shards
+ * described it, and that no line train.log_every asks for is missing.
+ * Returns the job file. */
+static const char *workers_exit_run(const char *name, int steps, const char *extra) {
+    char parallel[512], line[64];
+    snprintf(parallel, sizeof parallel,
+             FAULT_PARALLEL ", \"max_restarts\": 8, \"min_workers\": 2, \"heartbeat_ms\": 100, "
+             "\"heartbeat_timeout_ms\": 5000%s", extra);
+    const char *job = th_job_file(name, "mlp", steps, 16, 1, parallel);
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path(name), NULL};
+    setenv("TESSERA_FAULT", "workers_exit@10", 1);
+    th_proc run = th_start(name, argv);
+    unsetenv("TESSERA_FAULT");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after the fault");
+    if (th_count(&run, "exits after step 10") != 4) th_dump(&run, "not every worker exited at step 10");
+    if (th_count(&run, "has no line") != 0) th_dump(&run, "a step was left without its line");
+    snprintf(line, sizeof line, "step 10/%d | loss ", steps);
+    if (th_count(&run, line) != 1 || th_count(&run, "| taken under a leader that left before logging it") != 1)
+        th_dump(&run, "the new leader did not log step 10 once, as the shards described it");
+    return job;
+}
+
 /* Every worker exits once the job took step 10, before any logs it; the
  * restarted workers adopt the shards' step 10, whose loss, learning rate
  * and norm the shards' pull answers carry, and the new leader logs it:
@@ -413,19 +438,7 @@ static void test_leader_exit(void **state) {
  * from step 9 to 11. */
 static void test_workers_exit(void **state) {
     (void)state;
-    const char *job = th_job_file("ps-workers-exit", "mlp", 20, 16, 1,
-                                  FAULT_PARALLEL ", \"max_restarts\": 4, \"min_workers\": 2, "
-                                  "\"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 5000");
-    const char *argv[] = {"tessera-run", job, "--run-dir", th_path("ps-workers-exit"), NULL};
-    setenv("TESSERA_FAULT", "workers_exit@10", 1);
-    th_proc run = th_start("ps-workers-exit", argv);
-    unsetenv("TESSERA_FAULT");
-    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after the fault");
-    if (th_count(&run, "ps: TESSERA_FAULT: rank 3 exits after step 10") != 1) th_dump(&run, "no fault at step 10");
-    if (th_count(&run, "has no line") != 0) th_dump(&run, "a step was left without its line");
-    if (th_count(&run, "step 10/20 | loss ") != 1 ||
-        th_count(&run, "| taken under a leader that left before logging it") != 1)
-        th_dump(&run, "the new leader did not log step 10 once, as the shards described it");
+    const char *job = workers_exit_run("ps-workers-exit", 20, "");
     /* up to step 10 every line is that of an undisturbed run (later steps
      * are computed by the workers restarted so far) */
     const char *quiet_argv[] = {"tessera-run", job, "--run-dir", th_path("ps-workers-quiet"), NULL};
@@ -442,26 +455,14 @@ static void test_workers_exit(void **state) {
 
 /* The same in async mode: the shards' step is the one every live worker
  * finished, and their pull answers carry the loss, learning rate and norm
- * of the commit that finished it; the new leader logs it, and no step
- * that train.log_every asks for is left without its line, also those the
- * restarted workers took while the old leader was not yet declared dead.
- * (The run is long enough for that to happen before its end.) */
+ * of the commit that finished it; the new leader logs it, and every later
+ * step has its line, also those the restarted workers took while the old
+ * leader was not yet declared dead. (The run is long enough for that to
+ * happen before its end.) */
 static void test_workers_exit_async(void **state) {
     (void)state;
     enum { STEPS = 200 };
-    const char *job = th_job_file("ps-workers-exit-async", "mlp", STEPS, 16, 1,
-                                  FAULT_PARALLEL ", \"consistency\": \"async\", \"max_restarts\": 8, "
-                                  "\"min_workers\": 2, \"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 5000");
-    const char *argv[] = {"tessera-run", job, "--run-dir", th_path("ps-workers-exit-async"), NULL};
-    setenv("TESSERA_FAULT", "workers_exit@10", 1);
-    th_proc run = th_start("ps-workers-exit-async", argv);
-    unsetenv("TESSERA_FAULT");
-    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after the fault");
-    if (th_count(&run, "exits after step 10") < 1) th_dump(&run, "no fault at step 10");
-    if (th_count(&run, "has no line") != 0) th_dump(&run, "a step was left without its line");
-    if (th_count(&run, "step 10/200 | loss ") != 1 ||
-        th_count(&run, "| taken under a leader that left before logging it") != 1)
-        th_dump(&run, "the new leader did not log step 10 once, as the shards described it");
+    workers_exit_run("ps-workers-exit-async", STEPS, ", \"consistency\": \"async\"");
     double loss[MAX_STEPS];
     assert_int_equal(read_losses(th_path("ps-workers-exit-async"), loss), STEPS);
     for (int s = 1; s <= STEPS; s++)
