@@ -242,7 +242,7 @@ typedef struct {
 
     /* PULL_REPLY: the data-loader position after the step of the parameters,
      * and what the step's workers logged of it (TS_STEP_*): none when the
-     * shard did not decide the step itself (async, restored, replicated) */
+     * shard did not apply the step itself (restored from a checkpoint) */
     int64_t epoch;                       /* "ep" */
     int64_t offset;                      /* "of" */
     double step_values[TS_STEP_VALUES];  /* "sv" array of 0 or TS_STEP_VALUES f64 */

@@ -613,7 +613,7 @@ ts_status ts_ps_client_pull_wait(ts_ps_client *c, ts_ps_pulled *out) {
         int ahead = 0;
         for (int k = 1; k < c->shards; k++)
             if (c->s[k].pull_step > c->s[ahead].pull_step) ahead = k;
-        const shard_link *a = &c->s[ahead]; /* every shard that applied the step has the same values */
+        const shard_link *a = &c->s[ahead]; /* the step as the shard ahead describes it */
         const double *v = a->pull_values;
         *out = (ts_ps_pulled){a->pull_step, a->pull_pos, a->pull_nvalues == TS_STEP_VALUES, v[TS_STEP_LOSS],
                               v[TS_STEP_LR], v[TS_STEP_GRAD_NORM]};

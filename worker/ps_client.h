@@ -110,8 +110,8 @@ ts_status ts_ps_client_pull(ts_ps_client *c, int64_t want);
 bool ts_ps_client_pulling(const ts_ps_client *c);
 
 /* What a pull's answers say of the step of their parameters: the data
- * position after it and, when the shards decided the step themselves
- * (sync), the loss, learning rate and gradient norm its workers logged -
+ * position after it and, when the shards applied the step themselves, the
+ * loss, learning rate and gradient norm its workers logged -
  * for a worker that adopts the step without having computed it. */
 typedef struct {
     int64_t step;

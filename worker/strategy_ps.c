@@ -274,15 +274,21 @@ static ts_status ps_sq_norm(ts_strategy *s, double *global) {
  * every worker, once it took step K (sync: applied and pulled it; async
  * and bounded: its commit applied), before it logs or saves it. Workers
  * that join the running job (a restart) are not hit. */
+static bool fault_due(const ps_strategy *d, int64_t step) {
+    return step == d->exit_at && (d->all_exit || d->base.group.leader);
+}
+
+/* Ends this worker when the fault is due at step. */
 static void fault_exit(const ps_strategy *d, int64_t step) {
-    if (step != d->exit_at || !(d->all_exit || d->base.group.leader)) return;
+    if (!fault_due(d, step)) return;
     printf("ps: TESSERA_FAULT: rank %d exits after step %lld\n", d->base.group.rank, (long long)step);
     fflush(stdout);
     _exit(3);
 }
 
 /* Sync: applies the step at the shards, pulls its parameters and reports
- * the step to the scheduler (once per step, not again when replaying). */
+ * the step to the scheduler (once per step, not again when replaying).
+ * Async, bounded: the commit is applied already; only a fault due waits. */
 static ts_status ps_end_step(ts_strategy *s, int64_t step) {
     ps_strategy *d = (ps_strategy *)s;
     ts_status st = TS_OK;
@@ -297,7 +303,7 @@ static ts_status ps_end_step(ts_strategy *s, int64_t step) {
             st = recover(d, st, &again);
         }
         if (!st && d->rollback_to < 0) fault_exit(d, step);
-    } else if (step == d->exit_at) {
+    } else if (fault_due(d, step)) {
         ts_ps_pulled p; /* the commit went out unanswered: the shards answer this pull after applying it */
         st = ts_ps_client_pull_wait(d->c, &p);
         if (!st) fault_exit(d, step);
