@@ -50,6 +50,14 @@
  *                  final test pass while this rank validated). Else returns
  *                  the failure. The job's step may move back (a lost shard
  *                  reloaded from a checkpoint).
+ *   once, after the last step, its checkpoint and evaluations
+ *     finish       (optional; NULL: none) the leader tells the others that
+ *                  the run's end is written; another rank waits for that,
+ *                  and when the leader left first and this rank took the
+ *                  lead, sets *again: the trainer then writes the end again
+ *                  (the lines of the steps it kept that have none, the
+ *                  checkpoint, the evaluations, scored by this rank alone)
+ *                  and calls finish once more.
  *
  * A strategy that acts around each unit's forward and backward (FSDP
  * gathers a unit's parameters before it runs) hooks the units, the
@@ -112,6 +120,7 @@ typedef struct {
     ts_status (*save)(ts_strategy *s, char *path, size_t cap);
     ts_status (*load)(ts_strategy *s, const char *dir);
     ts_status (*recover)(ts_strategy *s, ts_status failed, bool test, bool *again);
+    ts_status (*finish)(ts_strategy *s, bool *again);
     void (*free)(ts_strategy *s);
 } ts_strategy_ops;
 

@@ -340,6 +340,43 @@ static ts_status ps_save(ts_strategy *s, char *path, size_t cap) {
     return st;
 }
 
+/* The scheduler's blob by which the leader says the run's end is written. */
+#define END_KEY "ps/end-written"
+
+/* After the run's end: the leader says through the scheduler that it is
+ * written. Another worker waits for that (it has not reported its last
+ * step yet, so the job cannot end before); when the leader left first
+ * and this worker took the lead, *again: the trainer writes the end. */
+static ts_status ps_finish(ts_strategy *s, bool *again) {
+    ps_strategy *d = (ps_strategy *)s;
+    *again = false;
+    ts_member_info info;
+    ts_member_info_get(s->member, &info);
+    /* the leader's death shows after the heartbeat timeout; the
+     * scheduler holds a wait for the barrier timeout, so few are open */
+    int poll_ms = (int)info.heartbeat_timeout_ms / 2;
+    for (;;) {
+        if (s->group.leader) {
+            int64_t step = s->trainer->step;
+            ts_status st = ts_member_blob_put(s->member, END_KEY, &step, sizeof step);
+            return st == TS_ERR_STATE ? TS_OK : st; /* TS_ERR_STATE: the job is shut down */
+        }
+        void *data = NULL;
+        size_t size = 0;
+        ts_status st = ts_member_blob_get(s->member, END_KEY, poll_ms, &data, &size);
+        free(data);
+        if (st == TS_OK || st == TS_ERR_STATE) return TS_OK;
+        if (st != TS_ERR_TIMEOUT && st != TS_ERR_INDEX) return st;
+        take_group(d);
+        if (s->group.leader) {
+            printf("worker rank %d took the lead after the last step from a leader that left before writing "
+                   "the run's end: it writes it\n", info.rank);
+            *again = true;
+            return TS_OK;
+        }
+    }
+}
+
 /* The shards hold the job's state: the first pull says where it is. */
 static ts_status ps_load(ts_strategy *s, const char *dir) {
     (void)s, (void)dir;
@@ -364,6 +401,7 @@ static const ts_strategy_ops ps_ops = {
     .end_step = ps_end_step,
     .save = ps_save,
     .load = ps_load,
+    .finish = ps_finish,
     .free = ps_free,
 };
 

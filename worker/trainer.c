@@ -559,8 +559,9 @@ void ts_trainer_adopt_step(ts_trainer *t, int64_t step, double loss, double lr, 
                                       .adopted = true});
 }
 
-ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s) {
-    keep_step(t, s);
+/* Logs kept step s, and the steps it kept before that no line has yet,
+ * where this rank leads (ts_trainer_log_step). */
+static ts_status log_kept(ts_trainer *t, const ts_step_stats *s) {
     if (!t->strategy->group.leader) {
         /* a rank that lost the lead lets go of the file: the next leader
          * replaces it (ts_metrics_open), and should the lead come back,
@@ -582,6 +583,11 @@ ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s) {
     ts_status st = TS_OK;
     for (int64_t k = first; k < s->step && !st; k++) st = log_line(t, &t->recent[k % TS_TRAINER_RECENT]);
     return st ? st : log_line(t, s);
+}
+
+ts_status ts_trainer_log_step(ts_trainer *t, const ts_step_stats *s) {
+    keep_step(t, s);
+    return log_kept(t, s);
 }
 
 /* ---- evaluation ---- */
@@ -619,17 +625,21 @@ static ts_status eval_batch(ts_trainer *t, const ts_batch *b, double *loss_sum, 
     return st;
 }
 
-ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval_stats *e) {
+/* ts_trainer_eval, or, alone, the same batches scored by this rank alone
+ * and not added over the group (a leader that writes the run's end
+ * after the others finished theirs). */
+static ts_status eval_pass(ts_trainer *t, bool test, int64_t max_batches, bool alone, ts_eval_stats *e) {
     const ts_dataset *ds = test && t->test_set ? t->test_set : t->val_set;
     if (!ds) return ts_error(TS_ERR_VALUE, "evaluation: the job holds no validation data (data.val_fraction 0)");
     ts_loader_config lc = {.batch_size = t->job.train.batch_size, .world = 1};
     ts_loader *l = ts_loader_create(ds, &lc);
     if (!l) return ts_last_status();
-    const ts_group *g = &t->strategy->group;
+    const ts_group *group = &t->strategy->group, *g = alone ? &(ts_group){.rank = 0, .world = 1} : group;
     /* max_batches per rank: the samples one process scores in max_batches
      * batches of the group's whole batch */
     int64_t batches = ts_loader_batches_per_epoch(l);
-    if (max_batches > 0 && max_batches < (batches + g->world - 1) / g->world) batches = max_batches * g->world;
+    if (max_batches > 0 && max_batches < (batches + group->world - 1) / group->world)
+        batches = max_batches * group->world;
     bool prev = ts_grad_set_enabled(false);
     ts_model_train(t->model, false);
     double loss_sum = 0;
@@ -664,7 +674,7 @@ ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval
     ts_grad_set_enabled(prev);
     ts_loader_free(l);
     double sums[4] = {loss_sum, (double)correct, (double)rows, (double)samples};
-    if (!st) st = t->strategy->ops->reduce_sums(t->strategy, sums, 4);
+    if (!st && !alone) st = t->strategy->ops->reduce_sums(t->strategy, sums, 4);
     if (st) return st;
     e->samples = (int64_t)sums[3];
     e->predictions = (int64_t)sums[2];
@@ -673,6 +683,10 @@ ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval
     e->accuracy = gpt ? -1 : sums[1] / (sums[2] ? sums[2] : 1);
     e->bits_per_byte = gpt ? ts_text_bits_per_byte(e->loss) : -1;
     return TS_OK;
+}
+
+ts_status ts_trainer_eval(ts_trainer *t, bool test, int64_t max_batches, ts_eval_stats *e) {
+    return eval_pass(t, test, max_batches, false, e);
 }
 
 /* ---- checkpoints ---- */
@@ -688,13 +702,18 @@ ts_status ts_trainer_save(ts_trainer *t, char *path, size_t cap) { return t->str
  * was in a later pass (a rank that was still in the step evaluates next);
  * otherwise the group went on without it (with the next step, or with the
  * final test pass). When the regroup moved the job back to an earlier step
- * it is moot, and the loop trains on. */
-static ts_status run_eval(ts_trainer *t, bool test) {
+ * it is moot, and the loop trains on. Alone: scored by this rank alone
+ * (eval_pass). */
+static ts_status run_eval(ts_trainer *t, bool test, bool alone) {
     int64_t at = t->step;
     if (!test && !t->val_set) return TS_OK; /* data.val_fraction 0: nothing to validate on */
     for (;;) {
         ts_eval_stats e;
-        ts_status st = ts_trainer_eval(t, test, test ? 0 : t->job.train.eval_batches, &e);
+        ts_status st = eval_pass(t, test, test ? 0 : t->job.train.eval_batches, alone, &e);
+        /* a rank that took the lead in the pass (the leader left) logs the
+         * step's line first, which the one before may have left unwritten */
+        if (!st && t->strategy->group.leader && !t->metrics && t->last_taken.step == t->step)
+            st = log_kept(t, &t->last_taken);
         if (!st && t->strategy->group.leader)
             return ts_metrics_eval(t->metrics, t->run_dir, t->step, test ? "test" : "val", &e);
         if (!st || !t->strategy->ops->recover) return st;
@@ -733,6 +752,33 @@ static ts_status save_once(ts_trainer *t, char *path, size_t cap, int64_t *saved
     return st;
 }
 
+/* The run's end after its last step: the checkpoint (into path, as
+ * save_once) and the evaluations; then the strategy's finish. When this
+ * rank took the lead from a leader that left before writing the end, it
+ * writes it again: the lines of the steps it kept that have none, the
+ * checkpoint, and the evaluations, scored alone (the others are done). */
+static ts_status write_end(ts_trainer *t, char *path, size_t cap, int64_t *saved) {
+    bool again = false;
+    for (;;) {
+        uint64_t generation = t->strategy->group.generation;
+        ts_status st = save_once(t, path, cap, saved);
+        if (!st) st = run_eval(t, false, again);
+        if (!st && t->test_set && !t->strategy->finished && !moved_back(t)) st = run_eval(t, true, again);
+        if (st || moved_back(t) || t->strategy->finished) return st;
+        /* the group changed in the evaluations (a peer left; the leader,
+         * whose checkpoint this rank cannot tell was written): again, in
+         * the new one */
+        if (t->strategy->group.generation != generation) {
+            *saved = -1;
+            if ((st = save_once(t, path, cap, saved))) return st;
+        }
+        if (!t->strategy->ops->finish) return st;
+        if ((st = t->strategy->ops->finish(t->strategy, &again)) || !again) return st;
+        if (t->last_taken.step == t->step && (st = log_kept(t, &t->last_taken))) return st;
+        *saved = -1; /* as another rank, this one wrote no checkpoint */
+    }
+}
+
 ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop) {
     const ts_job_train *tr = &t->job.train;
     if (t->strategy->group.leader) ts_metrics_banner(t);
@@ -748,7 +794,8 @@ ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop) {
             if (st || !s.taken) break;
             if (t->step <= saved) saved = -1; /* moved back: ckpt is of another path */
             if ((st = ts_trainer_log_step(t, &s))) break;
-            if (tr->eval_every && t->step % tr->eval_every == 0 && t->step < t->total_steps) st = run_eval(t, false);
+            if (tr->eval_every && t->step % tr->eval_every == 0 && t->step < t->total_steps)
+                st = run_eval(t, false, false);
             if (!st && tr->checkpoint_every && t->step % tr->checkpoint_every == 0)
                 st = save_once(t, ckpt, sizeof ckpt, &saved);
         }
@@ -765,9 +812,7 @@ ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop) {
             if (!st && ckpt[0]) printf("interrupted at step %lld; checkpoint %s\n", (long long)t->step, ckpt);
             return st ? st : ts_error(TS_ERR_STATE, "training interrupted at step %lld", (long long)t->step);
         }
-        st = save_once(t, ckpt, sizeof ckpt, &saved);
-        if (!st) st = run_eval(t, false);
-        if (!st && t->test_set && !t->strategy->finished && !moved_back(t)) st = run_eval(t, true);
+        st = write_end(t, ckpt, sizeof ckpt, &saved);
         if (st || !moved_back(t)) break;
     }
     if (!st && ckpt[0]) printf("checkpoint: %s\n", ckpt);

@@ -187,7 +187,10 @@ ts_status ts_trainer_save(ts_trainer *t, char *path, size_t cap);
  * only). Stops early, after saving a checkpoint, when *stop becomes
  * non-zero (SIGINT), with an error; or when the group agreed to stop the
  * job (the strategy's stop_agreed), returning TS_OK without the final
- * evaluation. */
+ * evaluation. A rank that takes the lead from a leader that left before
+ * writing the run's end writes it: in the final evaluations (a regroup)
+ * the last step's line and the checkpoint; after them (the strategy's
+ * finish) also the evaluations, scored alone. */
 ts_status ts_trainer_run(ts_trainer *t, volatile sig_atomic_t *stop);
 
 #endif

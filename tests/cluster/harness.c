@@ -475,6 +475,46 @@ void th_fault_logs_every_step(const char *name, int steps, const char *parallel,
     free(got);
 }
 
+double th_eval_accuracy(const char *run, int step) {
+    char ckpt[4200];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-%d", run, step);
+    const char *argv[] = {"tessera-run", "--eval", ckpt, NULL};
+    th_proc p = th_start("eval", argv);
+    if (th_wait(&p, 60000) != 0) th_dump(&p, "tessera-run --eval failed");
+    char *text = th_output(&p);
+    const char *a = strstr(text, "accuracy ");
+    double acc = a ? atof(a + 9) : -1;
+    free(text);
+    if (acc < 0) th_dump(&p, "no accuracy in the evaluation");
+    return acc;
+}
+
+/* The test accuracy (%) run/metrics.jsonl gives for step, -1 when it
+ * has no test pass there. */
+static double logged_test_accuracy(const char *run, int step) {
+    char path[4200], line[1024], want[64];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run);
+    snprintf(want, sizeof want, "\"split\":\"test\",\"step\":%d,", step);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    double acc = -1;
+    while (fgets(line, sizeof line, f)) {
+        const char *a = strstr(line, "\"accuracy\":");
+        if (strstr(line, want) && a) acc = 100 * atof(a + 11);
+    }
+    fclose(f);
+    return acc;
+}
+
+void th_expect_end_written(const char *run, int steps) {
+    th_expect_steps_once(run, steps);
+    double logged = logged_test_accuracy(run, steps), eval = th_eval_accuracy(run, steps);
+    if (logged < 0) fail_msg("%s: metrics.jsonl has no test pass at step %d", run, steps);
+    if (logged - eval > 0.006 || eval - logged > 0.006)
+        fail_msg("%s: the test pass at step %d logged %.2f%%, --eval of its checkpoint gives %.2f%%", run, steps,
+                 logged, eval);
+}
+
 th_proc th_start_joiner(const char *tag, const char *job, const char *dir, const char *const *more) {
     char addr[256], key[4200], addr_file[4200];
     snprintf(addr_file, sizeof addr_file, "%s/scheduler.addr", dir);

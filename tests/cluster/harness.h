@@ -141,6 +141,16 @@ void th_interrupt_resume(const char *name, int steps, int batch, const char *par
 void th_fault_logs_every_step(const char *name, int steps, const char *parallel, const char *fault, int k,
                               const char *says);
 
+/* Evaluates run's checkpoint of step (tessera-run --eval) and returns its
+ * test accuracy (%). */
+double th_eval_accuracy(const char *run, int step);
+
+/* Fails unless the run's end after its last step is written: the step's
+ * line (th_expect_steps_once), the whole-model checkpoint, and a test pass
+ * over the whole test set with the checkpoint's parameters (the accuracy
+ * --eval of the checkpoint gives). */
+void th_expect_end_written(const char *run, int steps);
+
 /* Starts `tessera-run --join` (output tagged tag) for job file job against
  * the running job whose run folder dir holds scheduler.addr and job.key,
  * with the arguments more after it (NULL-terminated, at most 8; NULL:

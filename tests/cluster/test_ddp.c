@@ -403,6 +403,19 @@ static void test_leader_exit(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* The leader exits once the group took its last step, before it logs it,
+ * saves or evaluates: the survivors' evaluation fails, they regroup and
+ * the next leader logs step 30 before the evaluations and writes the
+ * final checkpoint. Before, metrics.jsonl ended at step 29, without the
+ * evaluations, and the run had no checkpoint of step 30. */
+static void test_leader_exit_last(void **state) {
+    (void)state;
+    th_fault_logs_every_step("ddp-leader-exit-last", 30, FAULT_PARALLEL, "leader_exit@30", 30,
+                             "ddp: TESSERA_FAULT: rank 0 exits after step 30");
+    th_expect_end_written(th_path("ddp-leader-exit-last"), 30);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* Rank 0's sums of step 15 fail while ranks 1 and 2 take the step and rank
  * 3 exits: rank 0, the leader, takes the state of step 15 from rank 1 in
  * the regroup, with the step's loss to log. Before, its line was missing. */
@@ -546,7 +559,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_epochs),   cmocka_unit_test(test_epochs_mpirun),
         cmocka_unit_test(test_gpt_4),    cmocka_unit_test(test_mpirun_2),    cmocka_unit_test(test_mpirun_resume),
         cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_stop_leader),
-        cmocka_unit_test(test_kill_in_eval), cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_sums_split),
+        cmocka_unit_test(test_kill_in_eval), cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_leader_exit_last), cmocka_unit_test(test_sums_split),
         cmocka_unit_test(test_final_checkpoint_fails), cmocka_unit_test(test_stop_scheduler),
         cmocka_unit_test(test_kill_all_workers), cmocka_unit_test(test_leader_back),
         cmocka_unit_test(test_interrupt), cmocka_unit_test(test_interrupt_rendezvous),

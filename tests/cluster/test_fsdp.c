@@ -424,6 +424,17 @@ static void test_leader_exit(void **state) {
                              "leader_exit@15", 15, "rebuilt from this rank's copy at step 15");
 }
 
+/* The same once the group took its last step: the next leader logs step
+ * 30 and the evaluations and writes the final checkpoint. */
+static void test_leader_exit_last(void **state) {
+    (void)state;
+    th_fault_logs_every_step("fsdp-leader-exit-last", 30,
+                             "\"strategy\": \"fsdp\", \"workers\": 4, \"fsdp_neighbour_copy\": true",
+                             "leader_exit@30", 30, "exits after step 30");
+    th_expect_end_written(th_path("fsdp-leader-exit-last"), 30);
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* A second worker joins while the shards move to the first joined one: a
  * worker of the move is stopped (SIGSTOP) until the second has been
  * admitted, so that the new generation arrives mid-move. Every rank keeps
@@ -573,7 +584,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_gpt_2),  cmocka_unit_test(test_gpt_4),      cmocka_unit_test(test_cnn_2),
         cmocka_unit_test(test_cnn_4),  cmocka_unit_test(test_gpt_checkpointing), cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_reshard), cmocka_unit_test(test_kill_worker), cmocka_unit_test(test_kill_worker_copy),
-        cmocka_unit_test(test_sums_split), cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_kill_fine_tune),
+        cmocka_unit_test(test_sums_split), cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_leader_exit_last), cmocka_unit_test(test_kill_fine_tune),
         cmocka_unit_test(test_kill_after_local),
         cmocka_unit_test(test_kill_in_eval),
         cmocka_unit_test(test_interrupt),

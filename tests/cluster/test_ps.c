@@ -129,21 +129,6 @@ static void same_losses(const char *a, const char *b, int steps, double rel) {
     }
 }
 
-/* Evaluates run's checkpoint of step and returns its test accuracy (%). */
-static double evaluate(const char *run, int step) {
-    char ckpt[4200];
-    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-%d", run, step);
-    const char *argv[] = {"tessera-run", "--eval", ckpt, NULL};
-    th_proc p = th_start("eval", argv);
-    if (th_wait(&p, 60000) != 0) th_dump(&p, "tessera-run --eval failed");
-    char *text = th_output(&p);
-    const char *a = strstr(text, "accuracy ");
-    double acc = a ? atof(a + 9) : -1;
-    free(text);
-    if (acc < 0) th_dump(&p, "no accuracy in the evaluation");
-    return acc;
-}
-
 /* Pid of the ps or worker of rank `rank` ("[run] ps rank R is pid P"). */
 static pid_t pid_of(const th_proc *run, const char *role, int rank) {
     char needle[64];
@@ -244,13 +229,13 @@ static void test_async_bounded(void **state) {
     th_proc l = start_run("acc-local", job, th_path("acc-local"), "parallel.strategy=\"local\"",
                           "train.batch_size=64", NULL);
     finish_run(&l, 120000);
-    double local = evaluate(th_path("acc-local"), STEPS);
+    double local = th_eval_accuracy(th_path("acc-local"), STEPS);
     const char *modes[] = {"parallel.consistency=\"async\"", "parallel.consistency=\"bounded\""};
     for (int i = 0; i < 2; i++) {
         const char *run = th_path(i ? "acc-bounded" : "acc-async");
         th_proc p = start_run(i ? "acc-bounded" : "acc-async", job, run, modes[i], "parallel.staleness=2", NULL);
         finish_run(&p, 180000);
-        double acc = evaluate(run, STEPS);
+        double acc = th_eval_accuracy(run, STEPS);
         print_message("%s: test accuracy %.2f%%, local %.2f%%\n", modes[i], acc, local);
         if (acc < local - 1 || acc > local + 1)
             fail_msg("%s: test accuracy %.2f%%, the local run's %.2f%% (more than 1 point apart)", modes[i], acc,
@@ -269,7 +254,7 @@ static const char *elastic_job(const char *name, int steps, const char *parallel
 }
 
 static void expect_accuracy(const char *run, int step) {
-    double acc = evaluate(run, step);
+    double acc = th_eval_accuracy(run, step);
     if (acc < 70) fail_msg("%s: checkpoint of step %d evaluates to %.2f%%, expected above 70%%", run, step, acc);
 }
 
@@ -403,6 +388,38 @@ static void test_leader_exit(void **state) {
     if (!ck) fail_msg("no whole-model checkpoint of step 10: %s", ts_last_error());
     assert_int_equal(ck->step, 10);
     ts_checkpoint_close(ck);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* The leader exits once the job took its last step, before it logs it,
+ * saves or evaluates, and the others finish theirs: the worker that takes
+ * the lead after the last step writes the run's end, scoring the test set
+ * alone. Before, metrics.jsonl ended at step 19 and the run had neither
+ * the final checkpoint nor the test pass. */
+static void test_leader_exit_last(void **state) {
+    (void)state;
+    th_fault_logs_every_step("ps-leader-exit-last", 20, FAULT_PARALLEL, "leader_exit@20", 20,
+                             "took the lead after the last step from a leader that left");
+    th_expect_end_written(th_path("ps-leader-exit-last"), 20);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* The same in async mode, where the others do not wait for the leader's
+ * step: they finish before it is declared dead. */
+static void test_leader_exit_last_async(void **state) {
+    (void)state;
+    const char *name = "ps-leader-exit-last-async";
+    const char *job = th_job_file(name, "mlp", 20, 16, 1,
+                                  FAULT_PARALLEL ", \"consistency\": \"async\", \"min_workers\": 2, "
+                                  "\"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 5000");
+    const char *argv[] = {"tessera-run", job, "--run-dir", th_path(name), NULL};
+    setenv("TESSERA_FAULT", "leader_exit@20", 1);
+    th_proc run = th_start(name, argv);
+    unsetenv("TESSERA_FAULT");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after the fault");
+    if (th_count(&run, "took the lead after the last step from a leader that left") != 1)
+        th_dump(&run, "no worker took the lead after the last step");
+    th_expect_end_written(th_path(name), 20);
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -743,7 +760,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_equivalence_mlp), cmocka_unit_test(test_equivalence_gpt),
         cmocka_unit_test(test_many_shards),
         cmocka_unit_test(test_async_bounded),   cmocka_unit_test(test_join),
-        cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_leader_exit),
+        cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_leader_exit_last), cmocka_unit_test(test_leader_exit_last_async),
         cmocka_unit_test(test_workers_exit),    cmocka_unit_test(test_workers_exit_async),
         cmocka_unit_test(test_kill_shard),      cmocka_unit_test(test_stop_shard),
         cmocka_unit_test(test_kill_primary),    cmocka_unit_test(test_kill_primary_twice),
