@@ -71,8 +71,11 @@ struct ts_shard {
     double applied[TS_STEP_VALUES];  /* ... its loss, learning rate and norm, for its pulls */
     shard_pull *pulls;
     int npulls, cappulls;
-    /* the open reduction and the last finished one */
+    /* the open reduction and the last finished one; values computed
+     * before left_gen, the generation in which a worker last left, scored
+     * the batches of a world that is gone */
     bool reducing;
+    uint64_t left_gen;
     int64_t red_step, red_id;
     int red_n;
     int64_t last_red_step, last_red_id;

@@ -679,12 +679,38 @@ static void try_reduce(ts_shard *s) {
     s->reducing = false;
 }
 
+/* Answers a reduction of step whose values were computed before a worker
+ * left (s->left_gen): "redo", in the current generation. */
+static void redo_reduction(ts_shard *s, const ts_proto_identity *to, int64_t step) {
+    char why[160];
+    snprintf(why, sizeof why, "shard %d: a worker left in generation %llu; evaluate step %lld again",
+             s->cfg.shard, (unsigned long long)s->left_gen, (long long)step);
+    answer_error(s, to, TS_PROTO_E_REDO, step, s->wset_gen, why);
+}
+
+/* A worker left (s->left_gen) while a reduction was open: its values are
+ * lost, and the others' scored their share of a world that is gone. Every
+ * worker that waits is answered "redo": it evaluates again in the new
+ * generation and sends the same reduction again. */
+static void abandon_reduction(ts_shard *s) {
+    for (int i = 0; i < s->nw; i++) {
+        shard_worker *w = &s->w[i];
+        if (w->live && w->reduce_waiting) redo_reduction(s, &w->who, s->red_step);
+        drop_reduced(w);
+    }
+    s->reducing = false;
+}
+
 static void on_reduce(ts_shard *s, const ts_proto_identity *from, const ts_proto_msg *m) {
     shard_worker *w;
     if (!check_values(s, from, m, 0) || !(w = live_sender(s, from, m))) return;
     int n = (int)(m->payload[0].size / sizeof(double));
     if (m->step == s->last_red_step && m->barrier_id == s->last_red_id) {
         send_values(s, from, TS_MSG_REDUCE_REPLY, m->step, m->barrier_id, s->last_red, s->last_red_n);
+        return;
+    }
+    if (m->generation < s->left_gen) {
+        redo_reduction(s, from, m->step);
         return;
     }
     if (s->reducing && (m->step != s->red_step || m->barrier_id != s->red_id)) {
@@ -771,13 +797,14 @@ static shard_worker *add_worker(ts_shard *s, int32_t r) {
 }
 
 void ts_shard_workers(ts_shard *s, uint64_t g, const int32_t *ranks, int n) {
-    bool changed = false;
+    bool changed = false, left = false;
     for (int i = 0; i < s->nw; i++) {
         shard_worker *w = &s->w[i];
         bool live = false;
         for (int k = 0; k < n; k++) live |= ranks[k] == w->rank;
         if (live == w->live) continue;
         changed = true;
+        left |= !live;
         w->live = live;
         w->done = s->step;
         clear_staging(w);
@@ -796,6 +823,8 @@ void ts_shard_workers(ts_shard *s, uint64_t g, const int32_t *ranks, int n) {
     }
     if (!changed) return;
     s->wset_gen = g;
+    if (left) s->left_gen = g;
+    if (left && s->reducing) abandon_reduction(s);
     if (s->mode == TS_CONSISTENCY_SYNC && !s->decided) {
         /* the step in flight was computed by other workers: everyone redoes it */
         for (int i = 0; i < s->nw; i++) {

@@ -350,7 +350,8 @@ static void handle(ts_ps_client *c, int k, const ts_proto_msg *m) {
             l->resend_at = ts_clock_ms() + PS_RETRY_MS;
         } else if (m->code == TS_PROTO_E_REDO || m->code == TS_PROTO_E_BEHIND) {
             /* the first one counts; the step's other messages get the same answer */
-            if (c->ev.kind == TS_PS_NONE && (m->code == TS_PROTO_E_BEHIND || m->step == c->step))
+            bool reducing = l->reduce_sent && !l->reduce_done && m->step == c->red_step;
+            if (c->ev.kind == TS_PS_NONE && (m->code == TS_PROTO_E_BEHIND || m->step == c->step || reducing))
                 c->ev = (ts_ps_event){m->code == TS_PROTO_E_REDO ? TS_PS_REDO : TS_PS_BEHIND, m->generation, m->step,
                                       k};
         } else {
@@ -434,8 +435,10 @@ static ts_status wait_for(ts_ps_client *c, wait_kind w, double *acc) {
         if (c->ev.kind != TS_PS_NONE && w == WAIT_ROLLBACK) {
             c->ev.kind = TS_PS_NONE; /* answers to the step being undone */
         } else if (c->ev.kind != TS_PS_NONE) {
-            st = ts_error(TS_ERR_STATE, "shard %d asked to %s step %lld", c->ev.shard,
-                          c->ev.kind == TS_PS_REDO ? "compute again" : "roll back to", (long long)c->ev.step);
+            const char *what = c->ev.kind == TS_PS_BEHIND ? "roll back to"
+                               : w == WAIT_REDUCE     ? "evaluate again"
+                                                      : "compute again";
+            st = ts_error(TS_ERR_STATE, "shard %d asked to %s step %lld", c->ev.shard, what, (long long)c->ev.step);
             break;
         }
         if (ts_member_shutdown_requested(c->cfg.member, NULL, NULL, 0)) {
@@ -633,8 +636,9 @@ ts_status ts_ps_client_pull_wait(ts_ps_client *c, ts_ps_pulled *out) {
     }
 }
 
-ts_status ts_ps_client_reduce(ts_ps_client *c, int64_t step, int64_t id, double *v, int n) {
+ts_status ts_ps_client_reduce(ts_ps_client *c, int64_t step, int64_t id, uint64_t g, double *v, int n) {
     shard_link *l = &c->s[0];
+    c->msg_gen = g;
     c->red_step = step, c->red_id = id, c->red_vals = v, c->red_n = n;
     l->reduce_sent = true;
     l->reduce_done = false;

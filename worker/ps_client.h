@@ -125,8 +125,11 @@ typedef struct {
  * again for its step. *out: that step, as its answers describe it. */
 ts_status ts_ps_client_pull_wait(ts_ps_client *c, ts_ps_pulled *out);
 
-/* Sums v[0..n) over the live workers at shard 0 (reduction id of step). */
-ts_status ts_ps_client_reduce(ts_ps_client *c, int64_t step, int64_t id, double *v, int n);
+/* Sums v[0..n), computed in generation g, over the live workers at shard
+ * 0 (reduction id of step). TS_ERR_STATE with event REDO when a worker
+ * left before the sums were done: compute them again in the event's
+ * generation and send the same reduction. */
+ts_status ts_ps_client_reduce(ts_ps_client *c, int64_t step, int64_t id, uint64_t g, double *v, int n);
 
 /* Takes every shard back to its checkpoint of step `to`; *at is the
  * step they all reached (lower when a shard has no later checkpoint). */

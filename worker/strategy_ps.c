@@ -35,6 +35,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "kernels/optim/clip.h"
@@ -60,6 +61,7 @@ typedef struct {
     bool took_lead;       /* this rank became the leader: save_owed looks for a checkpoint it owes the run */
     int64_t exit_at;      /* TESSERA_FAULT's step (fault_exit), or -1 */
     bool all_exit;        /* ... at which every worker exits, not the leader alone */
+    bool exit_end;        /* TESSERA_FAULT ends the leader in ps_finish */
 } ps_strategy;
 
 /* Takes the live workers of the client's roster as this worker's group;
@@ -161,7 +163,7 @@ static ts_status ps_attach(ts_strategy *s) {
     ts_status st = ts_trainer_follow_group(t);
     bool again;
     if (!st) st = recover(d, pull(d, 0, true), &again);
-    if (!st && t->step > 0) d->exit_at = -1; /* a joiner: the fault is for the run's first workers */
+    if (!st && t->step > 0) d->exit_at = -1, d->exit_end = false; /* a joiner: the fault is for the first workers */
     return st;
 }
 
@@ -272,18 +274,24 @@ static ts_status ps_sq_norm(ts_strategy *s, double *global) {
 /* Fault injection for the tests, from TESSERA_FAULT, for deaths a kill -9
  * hits only by chance: "leader_exit@K" ends the leader, "workers_exit@K"
  * every worker, once it took step K (sync: applied and pulled it; async
- * and bounded: its commit applied), before it logs or saves it. Workers
- * that join the running job (a restart) are not hit. */
+ * and bounded: its commit applied), before it logs or saves it;
+ * "leader_exit@end" ends the leader once it wrote the run's end, before
+ * it says so (ps_finish). Workers that join the running job (a restart)
+ * are not hit. */
 static bool fault_due(const ps_strategy *d, int64_t step) {
     return step == d->exit_at && (d->all_exit || d->base.group.leader);
 }
 
-/* Ends this worker when the fault is due at step. */
-static void fault_exit(const ps_strategy *d, int64_t step) {
-    if (!fault_due(d, step)) return;
+/* Ends this worker, after step, for TESSERA_FAULT. */
+static void exit_for_fault(const ps_strategy *d, int64_t step) {
     printf("ps: TESSERA_FAULT: rank %d exits after step %lld\n", d->base.group.rank, (long long)step);
     fflush(stdout);
     _exit(3);
+}
+
+/* Ends this worker when the fault is due at step. */
+static void fault_exit(const ps_strategy *d, int64_t step) {
+    if (fault_due(d, step)) exit_for_fault(d, step);
 }
 
 /* Sync: applies the step at the shards, pulls its parameters and reports
@@ -322,12 +330,32 @@ static ts_status ps_end_step(ts_strategy *s, int64_t step) {
     return st;
 }
 
+/* An evaluation's sums through shard 0; the step's reductions are
+ * numbered, a reduction given up (a worker left) keeping its number for
+ * the pass computed again (ps_recover). */
 static ts_status ps_reduce_sums(ts_strategy *s, double *v, int n) {
     ps_strategy *d = (ps_strategy *)s;
     int64_t step = s->trainer->step;
     if (step != d->reduce_step) d->reduce_step = step, d->reductions = 0;
-    bool again;
-    return recover(d, ts_ps_client_reduce(d->c, step, d->reductions++, v, n), &again);
+    ts_status st = ts_ps_client_reduce(d->c, step, d->reductions, s->group.generation, v, n);
+    if (!st) d->reductions++;
+    return st;
+}
+
+/* An evaluation's reduction failed: when a worker left (REDO), takes the
+ * new group and *again: every worker that was in the reduction evaluates
+ * again at the new world size. A shard that restarted moves the job back
+ * (roll_back); the job's end finishes it. */
+static ts_status ps_recover(ts_strategy *s, ts_status failed, bool test, bool *again) {
+    ps_strategy *d = (ps_strategy *)s;
+    (void)test;
+    ts_ps_event ev = ts_ps_client_event(d->c);
+    if (failed != TS_ERR_STATE || ev.kind != TS_PS_REDO) return recover(d, failed, again);
+    ts_status st = ts_ps_client_await_generation(d->c, ev.generation);
+    if (st) return recover(d, st, again);
+    take_group(d);
+    *again = true;
+    return ts_trainer_follow_group(s->trainer);
 }
 
 /* The leader saves the whole model as the run's checkpoint (the parameters
@@ -358,6 +386,7 @@ static ts_status ps_finish(ts_strategy *s, bool *again) {
     for (;;) {
         if (s->group.leader) {
             int64_t step = s->trainer->step;
+            if (d->exit_end) exit_for_fault(d, step);
             ts_status st = ts_member_blob_put(s->member, END_KEY, &step, sizeof step);
             return st == TS_ERR_STATE ? TS_OK : st; /* TS_ERR_STATE: the job is shut down */
         }
@@ -372,6 +401,7 @@ static ts_status ps_finish(ts_strategy *s, bool *again) {
             printf("worker rank %d took the lead after the last step from a leader that left before writing "
                    "the run's end: it writes it\n", info.rank);
             *again = true;
+            d->exit_end = false; /* the fault ends the run's first leader only */
             return TS_OK;
         }
     }
@@ -401,6 +431,7 @@ static const ts_strategy_ops ps_ops = {
     .end_step = ps_end_step,
     .save = ps_save,
     .load = ps_load,
+    .recover = ps_recover,
     .finish = ps_finish,
     .free = ps_free,
 };
@@ -421,6 +452,7 @@ ts_strategy *ts_strategy_ps_new(const ts_strategy_options *o) {
     d->exit_at = -1;
     if (fault && sscanf(fault, "leader_exit@%lld", &k) == 1 && k > 0) d->exit_at = k;
     if (fault && sscanf(fault, "workers_exit@%lld", &k) == 1 && k > 0) d->exit_at = k, d->all_exit = true;
+    d->exit_end = fault && strcmp(fault, "leader_exit@end") == 0;
     /* the loader is made before the join: shard it for the job's workers
      * (its steps per epoch), attach takes the live group */
     d->base.group = (ts_group){.rank = 0, .world = ts_strategy_data_world(o->job)};

@@ -398,6 +398,11 @@ void th_kill_in_eval(const char *name, const char *strategy, const char *paralle
     if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after losing a worker in evaluation");
     if (th_count(&run, "evaluation at step 20 abandoned") < 1) th_dump(&run, "no survivor abandoned the evaluation");
     if (th_count(&run, "eval test at step 40") < 1) th_dump(&run, "no final evaluation");
+    /* every evaluation logged scored the whole set (val_fraction 0.3 of
+     * 60000 samples; 10000 test samples), none the survivors' part alone */
+    if (th_count(&run, "eval val at step") != th_count(&run, "% (18000 samples)") ||
+        th_count(&run, "eval test at step") != th_count(&run, "% (10000 samples)"))
+        th_dump(&run, "an evaluation logged did not score the whole set");
     if (th_count(&run, "goes back") > 0) th_dump(&run, "the scheduler refused the steps of a job that moved back");
 }
 

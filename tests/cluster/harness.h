@@ -118,8 +118,9 @@ void th_run_job(const char *name, const char *arch, int steps, int batch, int ac
  * "parallel"), kills one that is not the leader as the evaluation of step
  * 20 starts, and fails unless a survivor abandoned that evaluation, the
  * job went on at 3 workers (the scheduler taking their steps also when
- * they moved back to a checkpoint), ran its final evaluation and
- * tessera-run exited 0. The run folder is th_path(name). */
+ * they moved back to a checkpoint), ran its final evaluation, every
+ * evaluation logged scored the whole set and tessera-run exited 0. The
+ * run folder is th_path(name). */
 void th_kill_in_eval(const char *name, const char *strategy, const char *parallel_extra);
 
 /* Runs the job `name` (th_job_file's "mlp", steps, batch, parallel) and

@@ -392,34 +392,50 @@ static void test_leader_exit(void **state) {
 }
 
 /* The leader exits once the job took its last step, before it logs it,
- * saves or evaluates, and the others finish theirs: the worker that takes
- * the lead after the last step writes the run's end, scoring the test set
- * alone. Before, metrics.jsonl ended at step 19 and the run had neither
- * the final checkpoint nor the test pass. */
+ * saves or evaluates: the others' evaluation fails (shard 0 gives up its
+ * reduction), they evaluate again at 3 and the new leader logs step 20
+ * first and writes the final checkpoint. Before, metrics.jsonl ended at
+ * step 19 and the run had no checkpoint of step 20. */
 static void test_leader_exit_last(void **state) {
     (void)state;
     th_fault_logs_every_step("ps-leader-exit-last", 20, FAULT_PARALLEL, "leader_exit@20", 20,
-                             "took the lead after the last step from a leader that left");
+                             "evaluation at step 20 abandoned: shard 0 asked to evaluate again");
     th_expect_end_written(th_path("ps-leader-exit-last"), 20);
     assert_int_equal(th_leftovers(), 0);
 }
 
-/* The same in async mode, where the others do not wait for the leader's
- * step: they finish before it is declared dead. */
-static void test_leader_exit_last_async(void **state) {
+/* Async: the leader exits once it wrote the run's end, before it says so
+ * (TESSERA_FAULT leader_exit@end); the others, done, wait for its word
+ * before they report their last step, and the one that takes the lead
+ * writes the end again: its step 20, its checkpoint and the evaluations,
+ * which it scores alone. Before, the job could end before the leader was
+ * declared dead, with the end of a leader that died within the heartbeat
+ * timeout of it unwritten. */
+static void test_leader_exit_end_async(void **state) {
     (void)state;
-    const char *name = "ps-leader-exit-last-async";
+    const char *name = "ps-leader-exit-end-async";
     const char *job = th_job_file(name, "mlp", 20, 16, 1,
                                   FAULT_PARALLEL ", \"consistency\": \"async\", \"min_workers\": 2, "
                                   "\"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 5000");
     const char *argv[] = {"tessera-run", job, "--run-dir", th_path(name), NULL};
-    setenv("TESSERA_FAULT", "leader_exit@20", 1);
+    setenv("TESSERA_FAULT", "leader_exit@end", 1);
     th_proc run = th_start(name, argv);
     unsetenv("TESSERA_FAULT");
     if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after the fault");
-    if (th_count(&run, "took the lead after the last step from a leader that left") != 1)
-        th_dump(&run, "no worker took the lead after the last step");
+    if (th_count(&run, "ps: TESSERA_FAULT: rank 0 exits after step 20") != 1 ||
+        th_count(&run, "took the lead after the last step from a leader that left") != 1)
+        th_dump(&run, "no worker took the lead after the leader wrote the end and left");
     th_expect_end_written(th_path(name), 20);
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* kill -9 of a worker as the evaluation of step 20 starts: shard 0 gives
+ * up the reduction of the evaluation's sums and the survivors evaluate
+ * again at 3. Before, the shard summed the survivors' parts alone and the
+ * leader logged a validation of 13504 samples of 18000 as the whole. */
+static void test_kill_in_eval(void **state) {
+    (void)state;
+    th_kill_in_eval("ps-kill-in-eval", "ps", ", \"servers\": 1");
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -760,7 +776,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_equivalence_mlp), cmocka_unit_test(test_equivalence_gpt),
         cmocka_unit_test(test_many_shards),
         cmocka_unit_test(test_async_bounded),   cmocka_unit_test(test_join),
-        cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_leader_exit_last), cmocka_unit_test(test_leader_exit_last_async),
+        cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_kill_in_eval), cmocka_unit_test(test_leader_exit_last), cmocka_unit_test(test_leader_exit_end_async),
         cmocka_unit_test(test_workers_exit),    cmocka_unit_test(test_workers_exit_async),
         cmocka_unit_test(test_kill_shard),      cmocka_unit_test(test_stop_shard),
         cmocka_unit_test(test_kill_primary),    cmocka_unit_test(test_kill_primary_twice),
