@@ -81,6 +81,7 @@ const char *ts_proto_error_name(uint32_t e) {
     case TS_PROTO_E_REDO: return "redo";
     case TS_PROTO_E_BEHIND: return "behind";
     case TS_PROTO_E_RETRY: return "retry";
+    case TS_PROTO_E_SKIP: return "skip";
     default: return "unknown";
     }
 }
@@ -91,7 +92,8 @@ ts_status ts_proto_error_status(ts_proto_error e) {
     case TS_PROTO_E_GENERATION:
     case TS_PROTO_E_UNEXPECTED:
     case TS_PROTO_E_REDO:
-    case TS_PROTO_E_BEHIND: return TS_ERR_STATE;
+    case TS_PROTO_E_BEHIND:
+    case TS_PROTO_E_SKIP: return TS_ERR_STATE;
     case TS_PROTO_E_RETRY: return TS_ERR_TIMEOUT;
     case TS_PROTO_E_JOB:
     case TS_PROTO_E_REFUSED: return TS_ERR_PEER;

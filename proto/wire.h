@@ -130,6 +130,8 @@ typedef enum {
     TS_PROTO_E_REDO = 38,        /* the workers changed: compute step "s" again in generation "g" */
     TS_PROTO_E_BEHIND = 39,      /* the shard restarted at step "s": roll the job back to it */
     TS_PROTO_E_RETRY = 40,       /* not now (generation not seen yet, not the primary): send again */
+    TS_PROTO_E_SKIP = 41,        /* the reduction of step "s" cannot be done again by the workers of
+                                  * generation "g" (one joined after the step): go on without it */
 } ts_proto_error;
 
 /* The f64 values of a COMMIT (worker -> shard) and of a COMMIT_REPLY (shard
@@ -142,6 +144,9 @@ enum { TS_DECIDED_LOSS_SUM, TS_DECIDED_SAMPLES, TS_DECIDED_SQ_NORM, TS_DECIDED_W
  * step, as the step's workers (sync) or the worker that finished it
  * (async, bounded) logged them. */
 enum { TS_STEP_LOSS, TS_STEP_LR, TS_STEP_GRAD_NORM, TS_STEP_VALUES };
+/* Added to a REDUCE's "bi" (the reduction's number in its step) at the
+ * job's last step, after which every worker evaluates, joiners included. */
+#define TS_REDUCE_FINAL ((int64_t)1 << 32)
 
 /* Node roles ("ro", roster entries). */
 typedef enum {

@@ -27,6 +27,9 @@ typedef struct {
     bool waiting;               /* that COMMIT awaits its reply (sync) */
     double values[TS_COMMIT_VALUES];
     int64_t done;               /* last step of its applied (async, bounded) */
+    int64_t joined_at;          /* the step the shard was at (had decided, sync) when the worker
+                                 * became live: it evaluates the steps after, not that one */
+    uint64_t joined_gen;        /* ... and the generation it became live in */
     double *reduced;            /* its values of the open reduction, or NULL */
     bool reduce_waiting;
 } shard_worker;
@@ -71,11 +74,12 @@ struct ts_shard {
     double applied[TS_STEP_VALUES];  /* ... its loss, learning rate and norm, for its pulls */
     shard_pull *pulls;
     int npulls, cappulls;
-    /* the open reduction and the last finished one; values computed
-     * before left_gen, the generation in which a worker last left, scored
-     * the batches of a world that is gone */
+    /* the open reduction (its values computed in generation red_gen) and
+     * the last finished one; values computed before left_gen, the
+     * generation in which a worker last left, scored the batches of a
+     * world that is gone */
     bool reducing;
-    uint64_t left_gen;
+    uint64_t red_gen, left_gen;
     int64_t red_step, red_id;
     int red_n;
     int64_t last_red_step, last_red_id;

@@ -650,21 +650,58 @@ static void on_apply(ts_shard *s, const ts_proto_identity *from, const ts_proto_
 
 /* ---- reductions ---- */
 
-/* Once every live worker gave its values, answers each with the sums (in
- * rank order) and keeps them for repeats. */
+/* Whether a live worker joined before step, and so trained it. */
+static bool step_trained(const ts_shard *s, int64_t step) {
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].live && s->w[i].joined_at < step) return true;
+    return false;
+}
+
+/* Whether w takes part in reduction id of step: it was live in that step
+ * (one that joined after it trains on from the next and does not
+ * evaluate it), or the reduction is of the job's last step, after which
+ * every worker evaluates (TS_REDUCE_FINAL), or no live worker trained the
+ * step (the shards resumed at it). */
+static bool in_reduction(const ts_shard *s, const shard_worker *w, int64_t step, int64_t id) {
+    return w->live && (w->joined_at < step || (id & TS_REDUCE_FINAL) || !step_trained(s, step));
+}
+
+/* A live worker that does not take part in reduction id of step and was
+ * live in generation g (a group of g counts it), or NULL. */
+static const shard_worker *late_joiner(const ts_shard *s, int64_t step, int64_t id, uint64_t g) {
+    for (int i = 0; i < s->nw; i++)
+        if (s->w[i].live && s->w[i].joined_gen <= g && !in_reduction(s, &s->w[i], step, id)) return &s->w[i];
+    return NULL;
+}
+
+/* Answers a reduction of step that the group of generation g cannot
+ * compute (late joined after the step and does not evaluate it, but the
+ * group counts it): "skip", the workers go on without it. */
+static void skip_reduction(ts_shard *s, const ts_proto_identity *to, int64_t step, uint64_t g,
+                           const shard_worker *late) {
+    char why[240];
+    snprintf(why, sizeof why, "shard %d: worker rank %d, in the group of generation %llu, joined after step %lld "
+             "and does not evaluate it; the workers go on without this evaluation",
+             s->cfg.shard, late->rank, (unsigned long long)g, (long long)step);
+    answer_error(s, to, TS_PROTO_E_SKIP, step, s->wset_gen, why);
+}
+
+/* Once every worker in the reduction gave its values, answers each with
+ * the sums (in rank order) and keeps them for repeats. */
 static void try_reduce(ts_shard *s) {
     if (!s->reducing) return;
-    int live = 0;
+    int n = 0;
     for (int i = 0; i < s->nw; i++) {
-        if (!s->w[i].live) continue;
+        if (!in_reduction(s, &s->w[i], s->red_step, s->red_id)) continue;
         if (!s->w[i].reduced) return;
-        live++;
+        n++;
     }
-    if (!live) return;
+    if (!n) return;
     double *sum = calloc((size_t)s->red_n, sizeof *sum);
     if (!sum) return; /* the next request tries again */
     for (int i = 0; i < s->nw; i++)
-        for (int k = 0; s->w[i].live && k < s->red_n; k++) sum[k] += s->w[i].reduced[k];
+        for (int k = 0; in_reduction(s, &s->w[i], s->red_step, s->red_id) && k < s->red_n; k++)
+            sum[k] += s->w[i].reduced[k];
     for (int i = 0; i < s->nw; i++) {
         shard_worker *w = &s->w[i];
         if (w->live && w->reduce_waiting) send_values(s, &w->who, TS_MSG_REDUCE_REPLY, s->red_step, s->red_id, sum,
@@ -679,23 +716,32 @@ static void try_reduce(ts_shard *s) {
     s->reducing = false;
 }
 
-/* Answers a reduction of step whose values were computed before a worker
- * left (s->left_gen): "redo", in the current generation. */
-static void redo_reduction(ts_shard *s, const ts_proto_identity *to, int64_t step) {
+/* Answers reduction id of step, whose values were computed in a world
+ * that changed in generation gen (a worker left, or the others' values
+ * are of a newer one): "redo", in the current generation; "skip" when the
+ * current group cannot compute it (skip_reduction). */
+static void redo_reduction(ts_shard *s, const ts_proto_identity *to, int64_t step, int64_t id, bool left,
+                           uint64_t gen) {
+    const shard_worker *late = late_joiner(s, step, id, s->wset_gen);
+    if (late) {
+        skip_reduction(s, to, step, s->wset_gen, late);
+        return;
+    }
     char why[160];
-    snprintf(why, sizeof why, "shard %d: a worker left in generation %llu; evaluate step %lld again",
-             s->cfg.shard, (unsigned long long)s->left_gen, (long long)step);
+    snprintf(why, sizeof why, "shard %d: %s in generation %llu; evaluate step %lld again", s->cfg.shard,
+             left ? "a worker left" : "the workers changed", (unsigned long long)gen, (long long)step);
     answer_error(s, to, TS_PROTO_E_REDO, step, s->wset_gen, why);
 }
 
-/* A worker left (s->left_gen) while a reduction was open: its values are
- * lost, and the others' scored their share of a world that is gone. Every
- * worker that waits is answered "redo": it evaluates again in the new
- * generation and sends the same reduction again. */
-static void abandon_reduction(ts_shard *s) {
+/* Gives up the open reduction, whose values are of a world that changed
+ * in generation gen (as redo_reduction): a worker that left took its part
+ * with it, or the values came from two generations, whose shares of the
+ * batches do not add up. Every worker that waits is answered; it
+ * evaluates again in the new generation and sends the same reduction. */
+static void abandon_reduction(ts_shard *s, bool left, uint64_t gen) {
     for (int i = 0; i < s->nw; i++) {
         shard_worker *w = &s->w[i];
-        if (w->live && w->reduce_waiting) redo_reduction(s, &w->who, s->red_step);
+        if (w->live && w->reduce_waiting) redo_reduction(s, &w->who, s->red_step, s->red_id, left, gen);
         drop_reduced(w);
     }
     s->reducing = false;
@@ -710,7 +756,12 @@ static void on_reduce(ts_shard *s, const ts_proto_identity *from, const ts_proto
         return;
     }
     if (m->generation < s->left_gen) {
-        redo_reduction(s, from, m->step);
+        redo_reduction(s, from, m->step, m->barrier_id, true, s->left_gen);
+        return;
+    }
+    const shard_worker *late = late_joiner(s, m->step, m->barrier_id, m->generation);
+    if (late) {
+        skip_reduction(s, from, m->step, m->generation, late);
         return;
     }
     if (s->reducing && (m->step != s->red_step || m->barrier_id != s->red_id)) {
@@ -718,6 +769,14 @@ static void on_reduce(ts_shard *s, const ts_proto_identity *from, const ts_proto
                (long long)s->red_id, (long long)s->red_step, (long long)m->barrier_id, (long long)m->step);
         return;
     }
+    /* values computed by two sets of workers do not add up: the older evaluate again */
+    bool mixed = s->reducing && m->generation != s->red_gen &&
+                 (m->generation < s->wset_gen || s->red_gen < s->wset_gen);
+    if (mixed && m->generation < s->red_gen) {
+        redo_reduction(s, from, m->step, m->barrier_id, false, s->wset_gen);
+        return;
+    }
+    if (mixed) abandon_reduction(s, false, s->wset_gen);
     if (s->reducing && n != s->red_n) {
         refuse(s, from, m, TS_PROTO_E_FIELD_VALUE, "%d values where the other workers gave %d", n, s->red_n);
         return;
@@ -731,6 +790,7 @@ static void on_reduce(ts_shard *s, const ts_proto_identity *from, const ts_proto
     drop_reduced(w);
     w->reduced = v;
     w->reduce_waiting = true;
+    if (!s->reducing) s->red_gen = m->generation;
     s->reducing = true;
     s->red_step = m->step, s->red_id = m->barrier_id, s->red_n = n;
     try_reduce(s);
@@ -755,7 +815,10 @@ static void on_rollback(ts_shard *s, const ts_proto_identity *from, const ts_pro
     if (s->replies)
         printf("shard %d: rolled back from step %lld to its checkpoint of step %lld\n", s->cfg.shard, (long long)was,
                (long long)s->step);
-    for (int i = 0; i < s->nw; i++) s->w[i].done = s->step;
+    for (int i = 0; i < s->nw; i++) { /* every worker takes the steps after it again */
+        s->w[i].done = s->step;
+        if (s->w[i].joined_at > s->step) s->w[i].joined_at = s->step;
+    }
     /* waiting pulls belong to the steps undone: their workers pull again */
     for (int i = 0; i < s->npulls; i++) free(s->pulls[i].ranges);
     s->npulls = 0;
@@ -798,6 +861,7 @@ static shard_worker *add_worker(ts_shard *s, int32_t r) {
 
 void ts_shard_workers(ts_shard *s, uint64_t g, const int32_t *ranks, int n) {
     bool changed = false, left = false;
+    int64_t joined_at = s->decided ? s->decided_step : s->step; /* a joiner's first step follows it */
     for (int i = 0; i < s->nw; i++) {
         shard_worker *w = &s->w[i];
         bool live = false;
@@ -807,6 +871,7 @@ void ts_shard_workers(ts_shard *s, uint64_t g, const int32_t *ranks, int n) {
         left |= !live;
         w->live = live;
         w->done = s->step;
+        w->joined_at = joined_at, w->joined_gen = g;
         clear_staging(w);
         drop_reduced(w);
     }
@@ -819,12 +884,13 @@ void ts_shard_workers(ts_shard *s, uint64_t g, const int32_t *ranks, int n) {
         }
         w->live = true;
         w->done = s->step;
+        w->joined_at = joined_at, w->joined_gen = g;
         changed = true;
     }
     if (!changed) return;
     s->wset_gen = g;
     if (left) s->left_gen = g;
-    if (left && s->reducing) abandon_reduction(s);
+    if (left && s->reducing) abandon_reduction(s, true, g);
     if (s->mode == TS_CONSISTENCY_SYNC && !s->decided) {
         /* the step in flight was computed by other workers: everyone redoes it */
         for (int i = 0; i < s->nw; i++) {

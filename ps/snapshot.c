@@ -20,13 +20,14 @@
 enum {
     R_MAGIC, R_OFFSET, R_LEN, R_SLOTS, R_NW, R_FLOATS, R_STEP, R_UPDATES, R_SAVED, R_EPOCH, R_POS,
     R_WSET_GEN, R_DECIDED, R_DECIDED_STEP, R_DECIDED_GEN, R_DECIDED_EPOCH, R_DECIDED_POS, R_LAST_DECIDED,
-    R_REDUCING, R_RED_STEP, R_RED_ID, R_RED_N, R_LAST_RED_STEP, R_LAST_RED_ID, R_LAST_RED_N, R_FIXED
+    R_REDUCING, R_RED_STEP, R_RED_ID, R_RED_N, R_RED_GEN, R_LEFT_GEN, R_LAST_RED_STEP, R_LAST_RED_ID, R_LAST_RED_N,
+    R_FIXED
 };
 /* A worker's fields, followed by 2 * ncover span bounds. */
-enum { W_RANK, W_LIVE, W_STEP, W_COMMITTED, W_WAITING, W_DONE, W_COVERED, W_STAGED, W_REDUCED, W_RED_WAITING,
-       W_NCOVER, W_FIXED };
-/* "TSS1": a snapshot of this layout. */
-#define SNAP_MAGIC 0x54535331
+enum { W_RANK, W_LIVE, W_STEP, W_COMMITTED, W_WAITING, W_DONE, W_JOINED_AT, W_JOINED_GEN, W_COVERED, W_STAGED, W_REDUCED,
+       W_RED_WAITING, W_NCOVER, W_FIXED };
+/* "TSS2": a snapshot of this layout. */
+#define SNAP_MAGIC 0x54535332
 /* Limits a record is checked against: workers, values of a reduction, spans. */
 #define SNAP_MAX 0x100000
 
@@ -59,6 +60,7 @@ void ts_shard_snapshot(const ts_shard *s, const ts_shard_state *st) {
         [R_DECIDED_GEN] = (int64_t)s->decided_gen, [R_DECIDED_EPOCH] = s->decided_pos.epoch,
         [R_DECIDED_POS] = s->decided_pos.offset, [R_LAST_DECIDED] = s->last_decided_step,
         [R_REDUCING] = s->reducing, [R_RED_STEP] = s->red_step, [R_RED_ID] = s->red_id, [R_RED_N] = s->red_n,
+        [R_RED_GEN] = (int64_t)s->red_gen, [R_LEFT_GEN] = (int64_t)s->left_gen,
         [R_LAST_RED_STEP] = s->last_red_step, [R_LAST_RED_ID] = s->last_red_id, [R_LAST_RED_N] = s->last_red_n};
     memcpy(h, fixed, sizeof fixed);
     h += R_FIXED;
@@ -78,6 +80,7 @@ void ts_shard_snapshot(const ts_shard *s, const ts_shard_state *st) {
         const shard_worker *w = &s->w[i];
         int64_t rec[W_FIXED] = {[W_RANK] = w->rank, [W_LIVE] = w->live, [W_STEP] = w->step,
                                 [W_COMMITTED] = w->committed, [W_WAITING] = w->waiting, [W_DONE] = w->done,
+                                [W_JOINED_AT] = w->joined_at, [W_JOINED_GEN] = (int64_t)w->joined_gen,
                                 [W_COVERED] = w->covered, [W_STAGED] = staged(w), [W_REDUCED] = w->reduced != NULL,
                                 [W_RED_WAITING] = w->reduce_waiting, [W_NCOVER] = w->ncover};
         memcpy(h, rec, sizeof rec);
@@ -201,6 +204,7 @@ ts_status ts_shard_install(ts_shard *s, const int64_t *h, size_t nhead, const do
     s->decided_pos = (ts_loader_pos){h[R_DECIDED_EPOCH], h[R_DECIDED_POS]};
     s->last_decided_step = h[R_LAST_DECIDED];
     s->reducing = h[R_REDUCING], s->red_step = h[R_RED_STEP], s->red_id = h[R_RED_ID], s->red_n = (int)h[R_RED_N];
+    s->red_gen = (uint64_t)h[R_RED_GEN], s->left_gen = (uint64_t)h[R_LEFT_GEN];
     s->last_red_step = h[R_LAST_RED_STEP], s->last_red_id = h[R_LAST_RED_ID], s->last_red_n = (int)h[R_LAST_RED_N];
     memcpy(s->decided_values, v, sizeof s->decided_values);
     s->decided_lr = v[TS_DECIDED_VALUES];
@@ -221,6 +225,7 @@ ts_status ts_shard_install(ts_shard *s, const int64_t *h, size_t nhead, const do
         shard_worker *x = &ws[i];
         x->rank = (int32_t)w[W_RANK], x->live = w[W_LIVE], x->step = w[W_STEP];
         x->committed = w[W_COMMITTED], x->waiting = w[W_WAITING], x->done = w[W_DONE];
+        x->joined_at = w[W_JOINED_AT], x->joined_gen = (uint64_t)w[W_JOINED_GEN];
         x->covered = w[W_COVERED], x->reduce_waiting = w[W_RED_WAITING];
         for (int k = 0; k < x->ncover; k++) x->cover[k] = (shard_span){w[W_FIXED + 2 * k], w[W_FIXED + 2 * k + 1]};
         memcpy(x->values, v, sizeof x->values);

@@ -79,6 +79,7 @@ struct ts_ps_client {
     double *red_vals;          /* the reduction's values, and where its sums go */
     int red_n;
     ts_ps_event ev;
+    char ev_why[TS_PROTO_REASON_MAX + 1]; /* the shard's reason for ev */
     ts_status fatal;
     char fatal_msg[1024];
     ts_ps_times times;
@@ -348,12 +349,17 @@ static void handle(ts_ps_client *c, int k, const ts_proto_msg *m) {
     case TS_MSG_ERROR:
         if (m->code == TS_PROTO_E_RETRY) {
             l->resend_at = ts_clock_ms() + PS_RETRY_MS;
-        } else if (m->code == TS_PROTO_E_REDO || m->code == TS_PROTO_E_BEHIND) {
+        } else if (m->code == TS_PROTO_E_REDO || m->code == TS_PROTO_E_BEHIND || m->code == TS_PROTO_E_SKIP) {
             /* the first one counts; the step's other messages get the same answer */
             bool reducing = l->reduce_sent && !l->reduce_done && m->step == c->red_step;
-            if (c->ev.kind == TS_PS_NONE && (m->code == TS_PROTO_E_BEHIND || m->step == c->step || reducing))
-                c->ev = (ts_ps_event){m->code == TS_PROTO_E_REDO ? TS_PS_REDO : TS_PS_BEHIND, m->generation, m->step,
-                                      k};
+            ts_ps_event_kind kind = m->code == TS_PROTO_E_REDO     ? TS_PS_REDO
+                                    : m->code == TS_PROTO_E_BEHIND ? TS_PS_BEHIND
+                                                                   : TS_PS_SKIP;
+            if (c->ev.kind == TS_PS_NONE &&
+                (kind == TS_PS_BEHIND || (kind == TS_PS_REDO && m->step == c->step) || reducing)) {
+                c->ev = (ts_ps_event){kind, m->generation, m->step, k};
+                snprintf(c->ev_why, sizeof c->ev_why, "%s", m->reason);
+            }
         } else {
             fail(c, k, "%s [%s]", m->reason, ts_proto_error_name(m->code));
         }
@@ -436,9 +442,11 @@ static ts_status wait_for(ts_ps_client *c, wait_kind w, double *acc) {
             c->ev.kind = TS_PS_NONE; /* answers to the step being undone */
         } else if (c->ev.kind != TS_PS_NONE) {
             const char *what = c->ev.kind == TS_PS_BEHIND ? "roll back to"
-                               : w == WAIT_REDUCE     ? "evaluate again"
-                                                      : "compute again";
-            st = ts_error(TS_ERR_STATE, "shard %d asked to %s step %lld", c->ev.shard, what, (long long)c->ev.step);
+                               : c->ev.kind == TS_PS_SKIP ? "go on without the evaluation of"
+                               : w == WAIT_REDUCE         ? "evaluate again"
+                                                          : "compute again";
+            st = ts_error(TS_ERR_STATE, "shard %d asked to %s step %lld (%s)", c->ev.shard, what,
+                          (long long)c->ev.step, c->ev_why);
             break;
         }
         if (ts_member_shutdown_requested(c->cfg.member, NULL, NULL, 0)) {

@@ -53,6 +53,7 @@ typedef enum {
     TS_PS_REDO,     /* the workers changed: compute the step again in generation `generation` */
     TS_PS_BEHIND,   /* a shard restarted at `step`: roll the job back to it */
     TS_PS_FINISHED, /* the scheduler ended the job (or declared this worker dead) */
+    TS_PS_SKIP,     /* the reduction of `step` cannot be done again by the workers of `generation` */
 } ts_ps_event_kind;
 
 typedef struct {
@@ -125,10 +126,11 @@ typedef struct {
  * again for its step. *out: that step, as its answers describe it. */
 ts_status ts_ps_client_pull_wait(ts_ps_client *c, ts_ps_pulled *out);
 
-/* Sums v[0..n), computed in generation g, over the live workers at shard
- * 0 (reduction id of step). TS_ERR_STATE with event REDO when a worker
- * left before the sums were done: compute them again in the event's
- * generation and send the same reduction. */
+/* Sums v[0..n), computed in generation g, over the workers of step at
+ * shard 0 (reduction id of step). TS_ERR_STATE with event REDO when the
+ * workers changed before the sums were done: compute them again in the
+ * event's generation and send the same reduction; with event SKIP when a
+ * worker left and another joined after the step: there are none. */
 ts_status ts_ps_client_reduce(ts_ps_client *c, int64_t step, int64_t id, uint64_t g, double *v, int n);
 
 /* Takes every shard back to its checkpoint of step `to`; *at is the

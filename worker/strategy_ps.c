@@ -38,6 +38,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/clock.h"
 #include "kernels/optim/clip.h"
 #include "worker/mirror.h"
 #include "worker/ps_client.h"
@@ -62,6 +63,8 @@ typedef struct {
     int64_t exit_at;      /* TESSERA_FAULT's step (fault_exit), or -1 */
     bool all_exit;        /* ... at which every worker exits, not the leader alone */
     bool exit_end;        /* TESSERA_FAULT ends the leader in ps_finish */
+    int64_t hold_at;      /* TESSERA_FAULT's step whose evaluation rank 1 holds (hold_for_join), or -1 */
+    bool hold_exit;       /* ... and then ends, not sends its part */
 } ps_strategy;
 
 /* Takes the live workers of the client's roster as this worker's group;
@@ -163,7 +166,7 @@ static ts_status ps_attach(ts_strategy *s) {
     ts_status st = ts_trainer_follow_group(t);
     bool again;
     if (!st) st = recover(d, pull(d, 0, true), &again);
-    if (!st && t->step > 0) d->exit_at = -1, d->exit_end = false; /* a joiner: the fault is for the first workers */
+    if (!st && t->step > 0) d->exit_at = d->hold_at = -1, d->exit_end = false; /* a joiner: the fault is for the first workers */
     return st;
 }
 
@@ -276,8 +279,10 @@ static ts_status ps_sq_norm(ts_strategy *s, double *global) {
  * every worker, once it took step K (sync: applied and pulled it; async
  * and bounded: its commit applied), before it logs or saves it;
  * "leader_exit@end" ends the leader once it wrote the run's end, before
- * it says so (ps_finish). Workers that join the running job (a restart)
- * are not hit. */
+ * it says so (ps_finish); "eval_hold@K" makes rank 1 hold its part of
+ * step K's first evaluation until a worker joined, then send it, and
+ * "eval_exit@K" end then (hold_for_join). Workers that join the running
+ * job (a restart) are not hit. */
 static bool fault_due(const ps_strategy *d, int64_t step) {
     return step == d->exit_at && (d->all_exit || d->base.group.leader);
 }
@@ -292,6 +297,24 @@ static void exit_for_fault(const ps_strategy *d, int64_t step) {
 /* Ends this worker when the fault is due at step. */
 static void fault_exit(const ps_strategy *d, int64_t step) {
     if (fault_due(d, step)) exit_for_fault(d, step);
+}
+
+/* Holds this worker's part of the evaluation of step until the job has
+ * more workers than its group (up to a minute), for TESSERA_FAULT; then
+ * ends the worker (eval_exit) or lets it send its part (eval_hold). */
+static void hold_for_join(ps_strategy *d, int64_t step) {
+    printf("ps: TESSERA_FAULT: rank %d holds its evaluation of step %lld until a worker joins\n",
+           d->base.group.rank, (long long)step);
+    fflush(stdout);
+    d->hold_at = -1;
+    for (int i = 0; i < 1200; i++) {
+        uint64_t g;
+        int index, workers;
+        ts_ps_client_workers(d->c, &g, &index, &workers);
+        if (workers > d->base.group.world) break;
+        ts_sleep_ms(50);
+    }
+    if (d->hold_exit) exit_for_fault(d, step);
 }
 
 /* Sync: applies the step at the shards, pulls its parameters and reports
@@ -332,24 +355,35 @@ static ts_status ps_end_step(ts_strategy *s, int64_t step) {
 
 /* An evaluation's sums through shard 0; the step's reductions are
  * numbered, a reduction given up (a worker left) keeping its number for
- * the pass computed again (ps_recover). */
+ * the pass computed again (ps_recover); those of the job's last step say
+ * so (every worker evaluates there, one that joined after it too). */
 static ts_status ps_reduce_sums(ts_strategy *s, double *v, int n) {
     ps_strategy *d = (ps_strategy *)s;
     int64_t step = s->trainer->step;
     if (step != d->reduce_step) d->reduce_step = step, d->reductions = 0;
-    ts_status st = ts_ps_client_reduce(d->c, step, d->reductions, s->group.generation, v, n);
+    if (step == d->hold_at && s->group.rank == 1) hold_for_join(d, step);
+    int64_t id = d->reductions + (step >= s->trainer->total_steps ? TS_REDUCE_FINAL : 0);
+    ts_status st = ts_ps_client_reduce(d->c, step, id, s->group.generation, v, n);
     if (!st) d->reductions++;
     return st;
 }
 
-/* An evaluation's reduction failed: when a worker left (REDO), takes the
- * new group and *again: every worker that was in the reduction evaluates
- * again at the new world size. A shard that restarted moves the job back
+/* An evaluation's reduction failed: when the workers changed (REDO),
+ * takes the new group and *again: every worker that was in the reduction
+ * evaluates again at the new world size. When that world counts a worker
+ * that joined after the step (SKIP), the group goes on without the
+ * evaluation, its number spent. A shard that restarted moves the job back
  * (roll_back); the job's end finishes it. */
 static ts_status ps_recover(ts_strategy *s, ts_status failed, bool test, bool *again) {
     ps_strategy *d = (ps_strategy *)s;
     (void)test;
     ts_ps_event ev = ts_ps_client_event(d->c);
+    if (failed == TS_ERR_STATE && ev.kind == TS_PS_SKIP) {
+        d->reductions++;
+        take_group(d);
+        *again = false;
+        return ts_trainer_follow_group(s->trainer);
+    }
     if (failed != TS_ERR_STATE || ev.kind != TS_PS_REDO) return recover(d, failed, again);
     ts_status st = ts_ps_client_await_generation(d->c, ev.generation);
     if (st) return recover(d, st, again);
@@ -453,6 +487,9 @@ ts_strategy *ts_strategy_ps_new(const ts_strategy_options *o) {
     if (fault && sscanf(fault, "leader_exit@%lld", &k) == 1 && k > 0) d->exit_at = k;
     if (fault && sscanf(fault, "workers_exit@%lld", &k) == 1 && k > 0) d->exit_at = k, d->all_exit = true;
     d->exit_end = fault && strcmp(fault, "leader_exit@end") == 0;
+    d->hold_at = -1;
+    if (fault && sscanf(fault, "eval_hold@%lld", &k) == 1 && k > 0) d->hold_at = k;
+    if (fault && sscanf(fault, "eval_exit@%lld", &k) == 1 && k > 0) d->hold_at = k, d->hold_exit = true;
     /* the loader is made before the join: shard it for the job's workers
      * (its steps per epoch), attach takes the live group */
     d->base.group = (ts_group){.rank = 0, .world = ts_strategy_data_world(o->job)};

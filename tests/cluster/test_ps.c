@@ -23,6 +23,9 @@
  * that exits between a step due a checkpoint and its save (TESSERA_FAULT)
  * leaves the next leader to log the step and write its checkpoint; when
  * every worker exits there, the restarted leader logs it from the shards.
+ * A worker that joins while the others evaluate (TESSERA_FAULT holds one
+ * of them) is not waited for in that evaluation; when one of the others
+ * then dies, the evaluation is skipped, not summed short or waited for.
  * Run one test by name: cluster_test_ps <name>.
  */
 #include <setjmp.h>
@@ -439,6 +442,61 @@ static void test_kill_in_eval(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
+/* Runs a job of 2 workers (up to 3) whose rank 1 holds its part of the
+ * evaluation of step 20 (TESSERA_FAULT fault) until a third worker,
+ * started by hand, joined; checks that the job and the joiner finish and
+ * that every evaluation logged scored the whole set. Returns the run. */
+static th_proc join_in_eval_run(const char *name, const char *fault) {
+    char text[2048], file[128], joiner[128];
+    snprintf(text, sizeof text,
+             "{\"name\": \"%s\", \"seed\": 5, \"steps\": 40,\n"
+             " \"model\": {\"arch\": \"mlp\", \"hidden\": [128]},\n"
+             " \"data\": {\"kind\": \"fashion_mnist\", \"val_fraction\": 0.3},\n"
+             " \"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.001}, \"schedule\": {\"kind\": \"constant\"},\n"
+             " \"train\": {\"batch_size\": 32, \"log_every\": 1, \"eval_every\": 20, \"eval_batches\": 0},\n"
+             " \"parallel\": {\"strategy\": \"ps\", \"servers\": 1, \"workers\": 2, \"max_workers\": 3, "
+             "\"min_workers\": 2, \"max_restarts\": 2, \"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 3000}}\n",
+             name);
+    snprintf(file, sizeof file, "%s.json", name);
+    snprintf(joiner, sizeof joiner, "%s-joiner", name);
+    const char *job = th_write(file, text), *dir = th_path(name);
+    setenv("TESSERA_FAULT", fault, 1);
+    th_proc run = start_run(name, job, dir, NULL);
+    unsetenv("TESSERA_FAULT");
+    if (th_wait_for(&run, "holds its evaluation of step 20", 120000) != 0) th_dump(&run, "rank 1 held nothing");
+    th_proc j = th_start_joiner(joiner, job, dir, NULL);
+    th_expect_output(&j, "joined rank=", 30000);
+    finish_run(&run, 240000);
+    if (th_wait(&j, 30000) != 0) th_dump(&j, "the joined worker did not exit 0");
+    if (th_count(&run, "eval val at step") != th_count(&run, "% (18000 samples)") ||
+        th_count(&run, "eval test at step 40") != 1 || th_count(&run, "% (10000 samples)") != 1)
+        th_dump(&run, "an evaluation logged did not score the whole set");
+    return run;
+}
+
+/* A worker joins while the others evaluate step 20: it trains from step
+ * 21 and does not evaluate step 20, so shard 0 sums the parts of the two
+ * that trained it. Before, the shard counted the joiner in and waited for
+ * its part, which never came, until the workers gave up on the shard. */
+static void test_join_in_eval(void **state) {
+    (void)state;
+    th_proc run = join_in_eval_run("ps-join-in-eval", "eval_hold@20");
+    if (th_count(&run, "eval val at step 20") != 1) th_dump(&run, "step 20's evaluation was not logged once");
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* ... and rank 1 then dies: the new group counts the joiner, which does
+ * not evaluate step 20, so the evaluation cannot be done again; shard 0
+ * says so and the others go on without it (and not wait for a part that
+ * never comes, nor log the survivors' part as the whole). */
+static void test_join_exit_in_eval(void **state) {
+    (void)state;
+    th_proc run = join_in_eval_run("ps-join-exit-in-eval", "eval_exit@20");
+    if (th_count(&run, "evaluation at step 20 skipped") < 1 || th_count(&run, "eval val at step 20") != 0)
+        th_dump(&run, "the evaluation of step 20 was not skipped");
+    assert_int_equal(th_leftovers(), 0);
+}
+
 /* Runs the MLP job `name` for `steps` steps with 4 workers, `extra` added
  * to its parallel section, every one of them exiting once it took step 10
  * (TESSERA_FAULT workers_exit@10): checks that the restarted workers
@@ -776,7 +834,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_equivalence_mlp), cmocka_unit_test(test_equivalence_gpt),
         cmocka_unit_test(test_many_shards),
         cmocka_unit_test(test_async_bounded),   cmocka_unit_test(test_join),
-        cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_kill_in_eval), cmocka_unit_test(test_leader_exit_last), cmocka_unit_test(test_leader_exit_end_async),
+        cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_kill_in_eval), cmocka_unit_test(test_join_in_eval),
+        cmocka_unit_test(test_join_exit_in_eval), cmocka_unit_test(test_leader_exit_last), cmocka_unit_test(test_leader_exit_end_async),
         cmocka_unit_test(test_workers_exit),    cmocka_unit_test(test_workers_exit_async),
         cmocka_unit_test(test_kill_shard),      cmocka_unit_test(test_stop_shard),
         cmocka_unit_test(test_kill_primary),    cmocka_unit_test(test_kill_primary_twice),

@@ -464,6 +464,74 @@ static void test_reduce_sums_over_workers(void **state) {
     ts_shard_free(s);
 }
 
+/* REDUCE id of step from worker rank in generation g: values a[0..3). */
+static void reduce(ts_shard *s, int32_t rank, int64_t step, int64_t id, uint64_t g, const double *a) {
+    ts_proto_msg m = request(TS_MSG_REDUCE, rank, step, g);
+    m.barrier_id = id;
+    m.dtype = TS_PROTO_DT_F64;
+    uint64_t bytes = 3 * 8;
+    ts_proto_frame f = {a, bytes};
+    m.lengths = &bytes, m.nlengths = 1, m.payload = &f;
+    ts_shard_handle(s, &who, &m);
+}
+
+/* A worker that joined after step 1 takes no part in its evaluations: the
+ * two that trained it sum theirs; a group that counts the joiner is told
+ * to go on without one (it would wait for the joiner's part); at the
+ * job's last step every worker evaluates, the joiner too. */
+static void test_reduce_leaves_out_a_late_joiner(void **state) {
+    (void)state;
+    ts_shard *s = make_shard("sync", 0, NULL);
+    float *g = gradient(2);
+    sync_step(s, 1, g);
+    forget_replies();
+    double a[3] = {1, 2, 3}, b[3] = {10, 20, 30};
+    reduce(s, 2, 1, 0, 1, a);
+    ts_shard_workers(s, 2, (int32_t[]){2, 3, 4}, 3); /* rank 4 joins after step 1 */
+    reduce(s, 3, 1, 0, 1, b);
+    assert_int_equal(nreplies, 2);
+    assert_int_equal(replies[1].type, TS_MSG_REDUCE_REPLY);
+    assert_true(replies[1].values[0] == 11 && replies[1].values[2] == 33);
+    reduce(s, 2, 1, 1, 2, a); /* computed by the group of generation 2: 2, 3 and 4 */
+    assert_int_equal(nreplies, 3);
+    assert_int_equal(replies[2].code, TS_PROTO_E_SKIP);
+    reduce(s, 2, 1, 2 + TS_REDUCE_FINAL, 2, a);
+    reduce(s, 3, 1, 2 + TS_REDUCE_FINAL, 2, a);
+    assert_int_equal(nreplies, 3);
+    reduce(s, 4, 1, 2 + TS_REDUCE_FINAL, 2, b);
+    assert_int_equal(nreplies, 6);
+    assert_true(replies[5].values[0] == 12);
+    /* a worker leaves an open reduction: the new group counts rank 4 */
+    reduce(s, 2, 1, 3, 1, a);
+    ts_shard_workers(s, 3, (int32_t[]){2, 4}, 2);
+    assert_int_equal(nreplies, 7);
+    assert_int_equal(replies[6].code, TS_PROTO_E_SKIP);
+    reduce(s, 2, 1, 3, 3, a);
+    assert_int_equal(replies[7].code, TS_PROTO_E_SKIP);
+    free(g);
+    forget_replies();
+    ts_shard_free(s);
+}
+
+/* Values of two sets of workers do not add up: the older computes again. */
+static void test_reduce_of_two_worker_sets_is_redone(void **state) {
+    (void)state;
+    ts_shard *s = make_shard("async", 0, NULL);
+    double a[3] = {1, 2, 3};
+    reduce(s, 2, 5, 0, 1, a);                        /* rank 4 trains step 5 with them: */
+    ts_shard_workers(s, 2, (int32_t[]){2, 3, 4}, 3); /* it joins at step 0 */
+    reduce(s, 3, 5, 0, 2, a);
+    assert_int_equal(nreplies, 1);
+    assert_int_equal(replies[0].code, TS_PROTO_E_REDO);
+    assert_int_equal(replies[0].generation, 2);
+    reduce(s, 2, 5, 0, 2, a);
+    reduce(s, 4, 5, 0, 2, a);
+    assert_int_equal(nreplies, 4);
+    assert_true(replies[3].values[0] == 3);
+    forget_replies();
+    ts_shard_free(s);
+}
+
 static int teardown(void **state) {
     (void)state;
     ts_model_free(model);
@@ -554,6 +622,8 @@ int main(void) {
         cmocka_unit_test(test_async_applies_each_commit),
         cmocka_unit_test(test_bad_requests_are_refused),
         cmocka_unit_test(test_reduce_sums_over_workers),
+        cmocka_unit_test(test_reduce_leaves_out_a_late_joiner),
+        cmocka_unit_test(test_reduce_of_two_worker_sets_is_redone),
         cmocka_unit_test(test_spare_takes_the_state),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
