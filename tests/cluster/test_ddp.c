@@ -526,7 +526,9 @@ static void test_join_other_job(void **state) {
     (void)state;
     const char *job = job_file("ddp-join-other", "mlp", 4000, 16, "ddp", 2, "\"max_workers\": 3");
     const char *dir = th_path("ddp-join-other");
-    const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
+    /* the refused joiners load their data beside the run: under that load
+     * a 1.5 s heartbeat timeout declared both of its workers dead */
+    const char *argv[] = {"tessera-run", job, "--run-dir", dir, "--set", "parallel.heartbeat_timeout_ms=5000", NULL};
     th_proc run = th_start("ddp-join-other", argv);
     if (th_wait_for(&run, "step 10/4000", 60000) != 0) dump(&run, "no step 10");
     expect_join_refused("other-model", dir, job, "model.hidden=[32]", "steps=4000");
