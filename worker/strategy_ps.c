@@ -339,6 +339,10 @@ static ts_status ps_end_step(ts_strategy *s, int64_t step) {
         st = ts_ps_client_pull_wait(d->c, &p);
         if (!st) fault_exit(d, step);
     }
+    /* async, bounded: each worker steps on its own, so a group taken at
+     * the step's start may name a leader that a change of workers replaced
+     * meanwhile; the step is logged (and evaluated) with the group of now */
+    if (!st && !d->sync) take_group(d);
     /* the last step is reported by the node once the run, evaluation
      * included, is over: the scheduler then ends the job. Async workers
      * report no other step: they are never all at one step, and a change

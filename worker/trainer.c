@@ -570,12 +570,17 @@ static ts_status log_kept(ts_trainer *t, const ts_step_stats *s) {
         t->metrics = NULL;
         return TS_OK;
     }
-    if (t->metrics && s->step <= t->logged_step) {
+    /* a step adopted from the shards keeps the line a leader before wrote
+     * of it (this rank took the lead by joining, say, while that one
+     * lived); a step this rank took replaces it */
+    int64_t keep_to = s->adopted ? s->step : s->step - 1;
+    if (t->metrics && keep_to < t->logged_step) {
         fclose(t->metrics);
         t->metrics = NULL;
     }
-    if (!t->metrics && t->run_dir[0] && !(t->metrics = ts_metrics_open(t->run_dir, s->step - 1, &t->logged_step)))
+    if (!t->metrics && t->run_dir[0] && !(t->metrics = ts_metrics_open(t->run_dir, keep_to, &t->logged_step)))
         return ts_last_status();
+    if (s->adopted && t->logged_step >= s->step) return TS_OK;
     /* the steps before, which this rank took (or adopted) and no leader
      * logged: the one that took them left before it could */
     int64_t first = first_unlogged_kept(t, s->step);
