@@ -97,7 +97,7 @@ typedef struct {
     uint64_t gen;            /* newest generation the member announced */
     ts_proto_member *roster; /* its roster */
     size_t nroster;
-    int32_t *workers;        /* live workers as the shard last got them */
+    ts_proto_member *workers;/* live workers as the shard last got them */
     int nworkers;
     ps_entry *head, *tail;
     uint64_t handled, bad;
@@ -148,11 +148,7 @@ static void dispatch(ps_server *sv, const ps_entry *e) {
         sv->handled++;
         return;
     }
-    int32_t *ranks = malloc((e->msg.nroster ? e->msg.nroster : 1) * sizeof *ranks);
-    int n = 0;
-    for (size_t i = 0; ranks && i < e->msg.nroster; i++) ranks[n++] = e->msg.roster[i].rank;
-    if (ranks) ts_shard_workers(sv->sh, e->msg.generation, ranks, n);
-    free(ranks);
+    ts_shard_workers(sv->sh, e->msg.generation, e->msg.roster, (int)e->msg.nroster);
 }
 
 static void entry_free(ps_entry *e) {
@@ -428,18 +424,18 @@ static ts_status send_state(ps_server *sv) {
 
 /* ---- following the job ---- */
 
-/* The live worker ranks of roster r, ascending; *n of them (malloc'd);
+/* The live workers of roster r, by ascending rank; *n of them (malloc'd);
  * *formed (may be NULL) is the generation the last of them joined in. */
-static int32_t *live_workers(const ts_proto_member *r, size_t n, int *count, uint64_t *formed) {
-    int32_t *w = malloc((n ? n : 1) * sizeof *w);
+static ts_proto_member *live_workers(const ts_proto_member *r, size_t n, int *count, uint64_t *formed) {
+    ts_proto_member *w = malloc((n ? n : 1) * sizeof *w);
     int k = 0;
     if (formed) *formed = 0;
     for (size_t i = 0; w && i < n; i++) {
         if (r[i].role != TS_ROLE_WORKER || !r[i].alive) continue;
         if (formed && r[i].joined_generation > *formed) *formed = r[i].joined_generation;
         int j = k++;
-        while (j > 0 && w[j - 1] > r[i].rank) w[j] = w[j - 1], j--;
-        w[j] = r[i].rank;
+        while (j > 0 && w[j - 1].rank > r[i].rank) w[j] = w[j - 1], j--;
+        w[j] = r[i];
     }
     *count = k;
     return w;
@@ -447,8 +443,11 @@ static int32_t *live_workers(const ts_proto_member *r, size_t n, int *count, uin
 
 /* Gives the shard the live workers (through the queue, so the backup sees
  * the change at the same point) when they differ from what it has. */
-static void give_workers(ps_server *sv, uint64_t g, int32_t *w, int n) {
-    if (n == sv->nworkers && (!n || !memcmp(w, sv->workers, (size_t)n * sizeof *w))) {
+static void give_workers(ps_server *sv, uint64_t g, ts_proto_member *w, int n) {
+    bool same = n == sv->nworkers;
+    for (int i = 0; same && i < n; i++)
+        same = w[i].rank == sv->workers[i].rank && w[i].joined_generation == sv->workers[i].joined_generation;
+    if (same) {
         free(w);
         return;
     }
@@ -459,8 +458,9 @@ static void give_workers(ps_server *sv, uint64_t g, int32_t *w, int n) {
     ts_proto_msg_init(&m, TS_MSG_MEMBERSHIP, sv->o->job->name, g, sv->rank);
     ts_proto_member *ros = calloc(n ? (size_t)n : 1, sizeof *ros);
     for (int i = 0; ros && i < n; i++)
-        ros[i] = (ts_proto_member){.rank = w[i], .role = TS_ROLE_WORKER, .alive = true, .last_step = -1,
-                                   .last_barrier = -1, .heartbeat_age_ms = -1, .joined_generation = g};
+        ros[i] = (ts_proto_member){.rank = w[i].rank, .role = TS_ROLE_WORKER, .alive = true, .last_step = -1,
+                                   .last_barrier = -1, .heartbeat_age_ms = -1,
+                                   .joined_generation = w[i].joined_generation};
     if (!ros || ts_proto_msg_set_roster(&m, ros, (size_t)n)) {
         fprintf(stderr, "shard %d: out of memory for the workers of generation %llu\n", sv->shard,
                 (unsigned long long)g);
@@ -558,7 +558,7 @@ static void place(ps_server *sv) {
     if (role == ROLE_PRIMARY) {
         int nw;
         uint64_t formed;
-        int32_t *w = live_workers(r, n, &nw, &formed);
+        ts_proto_member *w = live_workers(r, n, &nw, &formed);
         /* a shard that knew no workers (a restart) takes them as of the
          * generation they were complete in: their messages are not stale */
         if (w) give_workers(sv, sv->workers ? g : formed, w, nw);
@@ -658,7 +658,7 @@ static void on_state(ps_server *sv, const ts_proto_identity *from, int rank, con
     if (!st && sv->in.have == sv->in.st.ndata) {
         const ts_shard_state *x = &sv->in.st;
         int n;
-        int32_t *w = NULL;
+        ts_proto_member *w = NULL;
         if (!(st = ts_shard_install(sv->sh, x->head, x->nhead, x->values, x->nvalues, x->data, x->ndata)) &&
             (w = ts_shard_live_workers(sv->sh, &n))) {
             free(sv->workers);
@@ -696,7 +696,7 @@ static void on_forward(ps_server *sv, const ts_proto_identity *from, int rank, c
     }
     if (m->type == TS_MSG_MEMBERSHIP) {
         int n;
-        int32_t *w = live_workers(m->roster, m->nroster, &n, NULL);
+        ts_proto_member *w = live_workers(m->roster, m->nroster, &n, NULL);
         if (w) {
             free(sv->workers);
             sv->workers = w;

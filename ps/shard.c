@@ -755,6 +755,15 @@ static void on_reduce(ts_shard *s, const ts_proto_identity *from, const ts_proto
         send_values(s, from, TS_MSG_REDUCE_REPLY, m->step, m->barrier_id, s->last_red, s->last_red_n);
         return;
     }
+    if (m->step == s->last_red_step && m->barrier_id < s->last_red_id) {
+        /* the others went past it before this worker sent it: one that
+         * joined after the job's last step, as they finished its end */
+        char why[160];
+        snprintf(why, sizeof why, "shard %d: the workers finished reduction %lld of step %lld before rank %d sent it",
+                 s->cfg.shard, (long long)(m->barrier_id & ~TS_REDUCE_FINAL), (long long)m->step, m->rank);
+        answer_error(s, from, TS_PROTO_E_SKIP, m->step, s->wset_gen, why);
+        return;
+    }
     if (m->generation < s->left_gen) {
         redo_reduction(s, from, m->step, m->barrier_id, true, s->left_gen);
         return;
@@ -859,32 +868,35 @@ static shard_worker *add_worker(ts_shard *s, int32_t r) {
     return &s->w[i];
 }
 
-void ts_shard_workers(ts_shard *s, uint64_t g, const int32_t *ranks, int n) {
+void ts_shard_workers(ts_shard *s, uint64_t g, const ts_proto_member *ws, int n) {
     bool changed = false, left = false;
     int64_t joined_at = s->decided ? s->decided_step : s->step; /* a joiner's first step follows it */
     for (int i = 0; i < s->nw; i++) {
         shard_worker *w = &s->w[i];
-        bool live = false;
-        for (int k = 0; k < n; k++) live |= ranks[k] == w->rank;
-        if (live == w->live) continue;
+        const ts_proto_member *m = NULL;
+        for (int k = 0; k < n; k++)
+            if (ws[k].rank == w->rank) m = &ws[k];
+        /* a new process under the rank: its stagings and values died with the old one */
+        bool again = m && w->live && m->joined_generation > w->joined_gen;
+        if ((m != NULL) == w->live && !again) continue;
         changed = true;
-        left |= !live;
-        w->live = live;
+        left |= !m || again;
+        w->live = m != NULL;
         w->done = s->step;
-        w->joined_at = joined_at, w->joined_gen = g;
+        w->joined_at = joined_at, w->joined_gen = m && m->joined_generation ? m->joined_generation : g;
         clear_staging(w);
         drop_reduced(w);
     }
     for (int k = 0; k < n; k++) {
-        if (find_worker(s, ranks[k])) continue;
-        shard_worker *w = add_worker(s, ranks[k]);
+        if (find_worker(s, ws[k].rank)) continue;
+        shard_worker *w = add_worker(s, ws[k].rank);
         if (!w) {
-            fprintf(stderr, "shard %d: out of memory for worker %d\n", s->cfg.shard, ranks[k]);
+            fprintf(stderr, "shard %d: out of memory for worker %d\n", s->cfg.shard, ws[k].rank);
             continue;
         }
         w->live = true;
         w->done = s->step;
-        w->joined_at = joined_at, w->joined_gen = g;
+        w->joined_at = joined_at, w->joined_gen = ws[k].joined_generation ? ws[k].joined_generation : g;
         changed = true;
     }
     if (!changed) return;

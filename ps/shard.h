@@ -87,8 +87,11 @@ void ts_shard_set_writer(ts_shard *s, bool on);
 /* Handles one decoded request from peer `from`. */
 void ts_shard_handle(ts_shard *s, const ts_proto_identity *from, const ts_proto_msg *m);
 
-/* The live workers are now ranks[0..n) (ascending), from generation g. */
-void ts_shard_workers(ts_shard *s, uint64_t g, const int32_t *ranks, int n);
+/* The live workers are now w[0..n) (ascending ranks, each with the
+ * generation it joined in, 0 when not known), from generation g. A worker
+ * that joined again under its rank (a restart) counts as one that left
+ * and one that joined. */
+void ts_shard_workers(ts_shard *s, uint64_t g, const ts_proto_member *w, int n);
 
 /* The generation in which the live workers last changed (0: never). */
 uint64_t ts_shard_workers_generation(const ts_shard *s);
@@ -151,8 +154,8 @@ ts_status ts_shard_state_check(const ts_shard *s, const int64_t *head, size_t nh
 ts_status ts_shard_install(ts_shard *s, const int64_t *head, size_t nhead, const double *values, size_t nvalues,
                            const float *data, int64_t ndata);
 
-/* The live workers' ranks, ascending, *n of them (malloc'd; NULL when
- * memory ran out). */
-int32_t *ts_shard_live_workers(const ts_shard *s, int *n);
+/* The live workers (rank and joined generation), ascending, *n of them
+ * (malloc'd; NULL when memory ran out). */
+ts_proto_member *ts_shard_live_workers(const ts_shard *s, int *n);
 
 #endif

@@ -241,10 +241,13 @@ ts_status ts_shard_install(ts_shard *s, const int64_t *h, size_t nhead, const do
     return TS_OK;
 }
 
-int32_t *ts_shard_live_workers(const ts_shard *s, int *n) {
-    int32_t *r = malloc((size_t)(s->nw ? s->nw : 1) * sizeof *r);
+ts_proto_member *ts_shard_live_workers(const ts_shard *s, int *n) {
+    ts_proto_member *r = calloc((size_t)(s->nw ? s->nw : 1), sizeof *r);
     *n = 0;
     for (int i = 0; r && i < s->nw; i++)
-        if (s->w[i].live) r[(*n)++] = s->w[i].rank;
+        if (s->w[i].live)
+            r[(*n)++] = (ts_proto_member){.rank = s->w[i].rank, .role = TS_ROLE_WORKER, .alive = true,
+                                          .last_step = -1, .last_barrier = -1, .heartbeat_age_ms = -1,
+                                          .joined_generation = s->w[i].joined_gen};
     return r;
 }

@@ -71,6 +71,15 @@ static ts_job job;
 static ts_model *model;
 static const ts_proto_identity who = {{'w'}, 1};
 
+/* The live workers are ranks[0..n) from generation g (their joined
+ * generations not known). */
+static void set_workers(ts_shard *s, uint64_t g, const int32_t *ranks, int n) {
+    ts_proto_member w[8] = {{0}};
+    assert_true(n <= 8);
+    for (int i = 0; i < n; i++) w[i] = (ts_proto_member){.rank = ranks[i], .role = TS_ROLE_WORKER, .alive = true};
+    ts_shard_workers(s, g, w, n);
+}
+
 static ts_shard *make_shard(const char *consistency, double clip, const char *root) {
     char text[512];
     snprintf(text, sizeof text,
@@ -88,7 +97,7 @@ static ts_shard *make_shard(const char *consistency, double clip, const char *ro
     ts_shard_config c = {.job = &job, .shard = 1, .shards = 2, .rank = 1, .root = root, .reply = capture};
     ts_shard *s = ts_shard_create(&c, model);
     assert_non_null(s);
-    ts_shard_workers(s, 1, (int32_t[]){2, 3}, 2);
+    set_workers(s, 1, (int32_t[]){2, 3}, 2);
     forget_replies();
     return s;
 }
@@ -264,7 +273,7 @@ static void test_decided_step_is_redone_by_new_workers(void **state) {
     ts_shard_range(s, &off, &len);
     pull(s, 1, off, len);
     assert_int_equal(nreplies, 2); /* decided, not applied: the pull waits */
-    ts_shard_workers(s, 2, (int32_t[]){2, 3, 4}, 3);
+    set_workers(s, 2, (int32_t[]){2, 3, 4}, 3);
     assert_int_equal(ts_shard_step(s), 0);
     commit_all(s, 2, 4, 1, 2, g);
     assert_int_equal(nreplies, 5);
@@ -287,7 +296,7 @@ static void test_resent_decided_step_after_server_changes(void **state) {
     (void)state;
     float *g;
     ts_shard *s = decided_shard(0.5, &g);
-    ts_shard_workers(s, 3, (int32_t[]){2, 3}, 2); /* generations 2 and 3 changed the servers only */
+    set_workers(s, 3, (int32_t[]){2, 3}, 2); /* generations 2 and 3 changed the servers only */
     commit_all(s, 2, 2, 1, 3, g);
     assert_int_equal(nreplies, 3);
     assert_int_equal(replies[2].type, TS_MSG_COMMIT_REPLY);
@@ -310,7 +319,7 @@ static void test_changed_workers_redo_the_step(void **state) {
     commit(s, 2, 1, 1, 1.0);
     push(s, 3, 1, 1, off, len / 2, g2 + off); /* half pushed when it dies */
     forget_replies();
-    ts_shard_workers(s, 2, (int32_t[]){2}, 1);
+    set_workers(s, 2, (int32_t[]){2}, 1);
     /* the waiting commit is told to compute step 1 again in generation 2 */
     assert_int_equal(nreplies, 1);
     assert_int_equal(replies[0].code, TS_PROTO_E_REDO);
@@ -487,7 +496,7 @@ static void test_reduce_leaves_out_a_late_joiner(void **state) {
     forget_replies();
     double a[3] = {1, 2, 3}, b[3] = {10, 20, 30};
     reduce(s, 2, 1, 0, 1, a);
-    ts_shard_workers(s, 2, (int32_t[]){2, 3, 4}, 3); /* rank 4 joins after step 1 */
+    set_workers(s, 2, (int32_t[]){2, 3, 4}, 3); /* rank 4 joins after step 1 */
     reduce(s, 3, 1, 0, 1, b);
     assert_int_equal(nreplies, 2);
     assert_int_equal(replies[1].type, TS_MSG_REDUCE_REPLY);
@@ -501,13 +510,36 @@ static void test_reduce_leaves_out_a_late_joiner(void **state) {
     reduce(s, 4, 1, 2 + TS_REDUCE_FINAL, 2, b);
     assert_int_equal(nreplies, 6);
     assert_true(replies[5].values[0] == 12);
+    reduce(s, 4, 1, 1 + TS_REDUCE_FINAL, 2, b); /* one the others finished */
+    assert_int_equal(replies[6].code, TS_PROTO_E_SKIP);
     /* a worker leaves an open reduction: the new group counts rank 4 */
     reduce(s, 2, 1, 3, 1, a);
-    ts_shard_workers(s, 3, (int32_t[]){2, 4}, 2);
-    assert_int_equal(nreplies, 7);
-    assert_int_equal(replies[6].code, TS_PROTO_E_SKIP);
-    reduce(s, 2, 1, 3, 3, a);
+    set_workers(s, 3, (int32_t[]){2, 4}, 2);
+    assert_int_equal(nreplies, 8);
     assert_int_equal(replies[7].code, TS_PROTO_E_SKIP);
+    reduce(s, 2, 1, 3, 3, a);
+    assert_int_equal(replies[8].code, TS_PROTO_E_SKIP);
+    free(g);
+    forget_replies();
+    ts_shard_free(s);
+}
+
+/* A worker back under its rank (a restart the shard saw no roster
+ * without) left and joined: its part of the open evaluation died with
+ * the old process, and the new one joined after the step. */
+static void test_worker_back_under_its_rank_left(void **state) {
+    (void)state;
+    ts_shard *s = make_shard("sync", 0, NULL);
+    float *g = gradient(2);
+    sync_step(s, 1, g);
+    forget_replies();
+    double a[3] = {1, 2, 3};
+    reduce(s, 2, 1, 0, 1, a);
+    ts_proto_member w[2] = {{.rank = 2, .role = TS_ROLE_WORKER, .alive = true, .joined_generation = 1},
+                            {.rank = 3, .role = TS_ROLE_WORKER, .alive = true, .joined_generation = 2}};
+    ts_shard_workers(s, 2, w, 2);
+    assert_int_equal(nreplies, 1);
+    assert_int_equal(replies[0].code, TS_PROTO_E_SKIP);
     free(g);
     forget_replies();
     ts_shard_free(s);
@@ -519,7 +551,7 @@ static void test_reduce_of_two_worker_sets_is_redone(void **state) {
     ts_shard *s = make_shard("async", 0, NULL);
     double a[3] = {1, 2, 3};
     reduce(s, 2, 5, 0, 1, a);                        /* rank 4 trains step 5 with them: */
-    ts_shard_workers(s, 2, (int32_t[]){2, 3, 4}, 3); /* it joins at step 0 */
+    set_workers(s, 2, (int32_t[]){2, 3, 4}, 3); /* it joins at step 0 */
     reduce(s, 3, 5, 0, 2, a);
     assert_int_equal(nreplies, 1);
     assert_int_equal(replies[0].code, TS_PROTO_E_REDO);
@@ -624,6 +656,7 @@ int main(void) {
         cmocka_unit_test(test_reduce_sums_over_workers),
         cmocka_unit_test(test_reduce_leaves_out_a_late_joiner),
         cmocka_unit_test(test_reduce_of_two_worker_sets_is_redone),
+        cmocka_unit_test(test_worker_back_under_its_rank_left),
         cmocka_unit_test(test_spare_takes_the_state),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
