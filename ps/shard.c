@@ -661,16 +661,17 @@ static bool step_trained(const ts_shard *s, int64_t step) {
  * (one that joined after it trains on from the next and does not
  * evaluate it), or the reduction is of the job's last step, after which
  * every worker evaluates (TS_REDUCE_FINAL), or no live worker trained the
- * step (the shards resumed at it). */
-static bool in_reduction(const ts_shard *s, const shard_worker *w, int64_t step, int64_t id) {
-    return w->live && (w->joined_at < step || (id & TS_REDUCE_FINAL) || !step_trained(s, step));
+ * step (!trained, step_trained: the shards resumed at it). */
+static bool in_reduction(const shard_worker *w, int64_t step, int64_t id, bool trained) {
+    return w->live && (w->joined_at < step || (id & TS_REDUCE_FINAL) || !trained);
 }
 
 /* A live worker that does not take part in reduction id of step and was
  * live in generation g (a group of g counts it), or NULL. */
 static const shard_worker *late_joiner(const ts_shard *s, int64_t step, int64_t id, uint64_t g) {
+    bool trained = step_trained(s, step);
     for (int i = 0; i < s->nw; i++)
-        if (s->w[i].live && s->w[i].joined_gen <= g && !in_reduction(s, &s->w[i], step, id)) return &s->w[i];
+        if (s->w[i].live && s->w[i].joined_gen <= g && !in_reduction(&s->w[i], step, id, trained)) return &s->w[i];
     return NULL;
 }
 
@@ -690,9 +691,10 @@ static void skip_reduction(ts_shard *s, const ts_proto_identity *to, int64_t ste
  * the sums (in rank order) and keeps them for repeats. */
 static void try_reduce(ts_shard *s) {
     if (!s->reducing) return;
+    bool trained = step_trained(s, s->red_step);
     int n = 0;
     for (int i = 0; i < s->nw; i++) {
-        if (!in_reduction(s, &s->w[i], s->red_step, s->red_id)) continue;
+        if (!in_reduction(&s->w[i], s->red_step, s->red_id, trained)) continue;
         if (!s->w[i].reduced) return;
         n++;
     }
@@ -700,8 +702,8 @@ static void try_reduce(ts_shard *s) {
     double *sum = calloc((size_t)s->red_n, sizeof *sum);
     if (!sum) return; /* the next request tries again */
     for (int i = 0; i < s->nw; i++)
-        for (int k = 0; in_reduction(s, &s->w[i], s->red_step, s->red_id) && k < s->red_n; k++)
-            sum[k] += s->w[i].reduced[k];
+        if (in_reduction(&s->w[i], s->red_step, s->red_id, trained))
+            for (int k = 0; k < s->red_n; k++) sum[k] += s->w[i].reduced[k];
     for (int i = 0; i < s->nw; i++) {
         shard_worker *w = &s->w[i];
         if (w->live && w->reduce_waiting) send_values(s, &w->who, TS_MSG_REDUCE_REPLY, s->red_step, s->red_id, sum,
