@@ -44,6 +44,7 @@ typedef struct field {
     const char *charset; /* FIELD_STRING: allowed characters, NULL = any */
     const char *const *choices;    /* FIELD_ENUM */
     const struct field *children;  /* FIELD_SECTION, {0}-terminated */
+    double real_min, real_max;     /* FIELD_REAL bounds */
 } field;
 
 static const char *const strategy_names[] = {"local", "standin", "ps", "ddp", "pipeline", "fsdp", NULL};
@@ -59,21 +60,21 @@ static const char name_charset[] =
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-";
 
 #define INT_FIELD(k, member, d, lo, hi) \
-    {k, FIELD_INT, offsetof(ts_job, member), 0, d, lo, hi, NULL, NULL, NULL}
+    {.key = k, .kind = FIELD_INT, .offset = offsetof(ts_job, member), .def = d, .min = lo, .max = hi}
 #define INT64_FIELD(k, member, d, lo, hi) \
-    {k, FIELD_INT64, offsetof(ts_job, member), 0, d, lo, hi, NULL, NULL, NULL}
-#define STRING_FIELD(k, member, d, nonempty, cs)                              \
-    {k, FIELD_STRING, offsetof(ts_job, member), sizeof(((ts_job *)0)->member), \
-     d, nonempty, 0, cs, NULL, NULL}
+    {.key = k, .kind = FIELD_INT64, .offset = offsetof(ts_job, member), .def = d, .min = lo, .max = hi}
+#define STRING_FIELD(k, member, d, nonempty, cs)                                        \
+    {.key = k, .kind = FIELD_STRING, .offset = offsetof(ts_job, member),                \
+     .size = sizeof(((ts_job *)0)->member), .def = d, .min = nonempty, .charset = cs}
 #define ENUM_FIELD(k, member, d, names) \
-    {k, FIELD_ENUM, offsetof(ts_job, member), 0, d, 0, 0, NULL, names, NULL}
-#define SECTION(k, table) {k, FIELD_SECTION, 0, 0, NULL, 0, 0, NULL, NULL, table}
+    {.key = k, .kind = FIELD_ENUM, .offset = offsetof(ts_job, member), .def = d, .choices = names}
+#define SECTION(k, table) {.key = k, .kind = FIELD_SECTION, .children = table}
 #define REAL_FIELD(k, member, d, lo, hi) \
-    {k, FIELD_REAL, offsetof(ts_job, member), 0, d, lo, hi, NULL, NULL, NULL}
+    {.key = k, .kind = FIELD_REAL, .offset = offsetof(ts_job, member), .def = d, .real_min = lo, .real_max = hi}
 #define BOOL_FIELD(k, member, d) \
-    {k, FIELD_BOOL, offsetof(ts_job, member), 0, d, 0, 1, NULL, NULL, NULL}
+    {.key = k, .kind = FIELD_BOOL, .offset = offsetof(ts_job, member), .def = d, .min = 0, .max = 1}
 #define INTS_FIELD(k, member, d, lo, hi) \
-    {k, FIELD_INTS, offsetof(ts_job, member), 0, d, lo, hi, NULL, NULL, NULL}
+    {.key = k, .kind = FIELD_INTS, .offset = offsetof(ts_job, member), .def = d, .min = lo, .max = hi}
 
 static const field parallel_fields[] = {
     ENUM_FIELD("strategy", parallel.strategy, "\"local\"", strategy_names),
@@ -322,9 +323,9 @@ static ts_status store_leaf(const field *f, const json_t *v, const char *path,
             return ts_error(TS_ERR_FORMAT, "%s: expected number, got %s", path,
                             type_name(v));
         double x = json_number_value(v);
-        if (!(x >= (double)f->min && x <= (double)f->max))
-            return ts_error(TS_ERR_VALUE, "%s: %g out of range [%lld, %lld]",
-                            path, x, f->min, f->max);
+        if (!(x >= f->real_min && x <= f->real_max))
+            return ts_error(TS_ERR_VALUE, "%s: %g out of range [%g, %g]", path,
+                            x, f->real_min, f->real_max);
         *(double *)dst = x;
         return TS_OK;
     }

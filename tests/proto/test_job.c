@@ -140,6 +140,9 @@ static void test_errors_name_the_field(void **state) {
                  "schedule.min_lr: 0.01 exceeds optimizer.lr (0.001)");
     expect_error("{\"parallel\": {\"strategy\": \"pipeline\", \"servers\": 1}}", NULL, 0,
                  "parallel.servers: 1, but strategy \"pipeline\" has no parameter servers (set it to 0)");
+    expect_error("{\"parallel\": {\"bucket_mb\": 0}}", NULL, 0,
+                 "parallel.bucket_mb: 0 out of range [0.0001, 4096]");
+    expect_error("{\"optimizer\": {\"momentum\": 1.5}}", NULL, 0, "optimizer.momentum: 1.5 out of range [0, 1]");
     expect_error("[1, 2]", NULL, 0, "expected a JSON object, got array");
     expect_error("{\"steps\": ", NULL, 0, "JSON error at line 1");
 }
