@@ -75,7 +75,7 @@ struct ts_shard {
     shard_pull *pulls;
     int npulls, cappulls;
     /* the open reduction (its values computed in generation red_gen) and
-     * the last finished one; values computed before left_gen, the
+     * the last finished one (without sums: skipped); values computed before left_gen, the
      * generation in which a worker last left, scored the batches of a
      * world that is gone */
     bool reducing;

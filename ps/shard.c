@@ -675,16 +675,37 @@ static const shard_worker *late_joiner(const ts_shard *s, int64_t step, int64_t 
     return NULL;
 }
 
-/* Answers a reduction of step that the group of generation g cannot
+/* Whether two ROUTER identities name the same peer. */
+static bool same_peer(const ts_proto_identity *a, const ts_proto_identity *b) {
+    return a->size == b->size && memcmp(a->data, b->data, a->size) == 0;
+}
+
+/* Answers reduction id of step, which the group of generation g cannot
  * compute (late joined after the step and does not evaluate it, but the
- * group counts it): "skip", the workers go on without it. */
-static void skip_reduction(ts_shard *s, const ts_proto_identity *to, int64_t step, uint64_t g,
+ * group counts it): "skip", the workers go on without it. The worker so
+ * answered never gives its part, so every worker waiting in that
+ * reduction is answered the same, and it is kept as the last reduction,
+ * without sums, for those that send it later. */
+static void skip_reduction(ts_shard *s, const ts_proto_identity *to, int64_t step, int64_t id, uint64_t g,
                            const shard_worker *late) {
     char why[240];
     snprintf(why, sizeof why, "shard %d: worker rank %d, in the group of generation %llu, joined after step %lld "
              "and does not evaluate it; the workers go on without this evaluation",
              s->cfg.shard, late->rank, (unsigned long long)g, (long long)step);
     answer_error(s, to, TS_PROTO_E_SKIP, step, s->wset_gen, why);
+    bool open = s->reducing && s->red_step == step && s->red_id == id;
+    for (int i = 0; open && i < s->nw; i++) {
+        shard_worker *w = &s->w[i];
+        if (w->live && w->reduce_waiting && !same_peer(&w->who, to))
+            answer_error(s, &w->who, TS_PROTO_E_SKIP, step, s->wset_gen, why);
+        drop_reduced(w);
+    }
+    if (open) s->reducing = false;
+    free(s->last_red);
+    s->last_red = NULL;
+    s->last_red_n = 0;
+    s->last_red_step = step;
+    s->last_red_id = id;
 }
 
 /* Once every worker in the reduction gave its values, answers each with
@@ -726,7 +747,7 @@ static void redo_reduction(ts_shard *s, const ts_proto_identity *to, int64_t ste
                            uint64_t gen) {
     const shard_worker *late = late_joiner(s, step, id, s->wset_gen);
     if (late) {
-        skip_reduction(s, to, step, s->wset_gen, late);
+        skip_reduction(s, to, step, id, s->wset_gen, late);
         return;
     }
     char why[160];
@@ -753,6 +774,12 @@ static void on_reduce(ts_shard *s, const ts_proto_identity *from, const ts_proto
     shard_worker *w;
     if (!check_values(s, from, m, 0) || !(w = live_sender(s, from, m))) return;
     int n = (int)(m->payload[0].size / sizeof(double));
+    if (m->step == s->last_red_step && m->barrier_id == s->last_red_id && !s->last_red_n) {
+        refuse(s, from, m, TS_PROTO_E_SKIP, "reduction %lld of step %lld was skipped: a worker counted in it joined "
+               "after the step; the workers go on without this evaluation",
+               (long long)(m->barrier_id & ~TS_REDUCE_FINAL), (long long)m->step);
+        return;
+    }
     if (m->step == s->last_red_step && m->barrier_id == s->last_red_id) {
         send_values(s, from, TS_MSG_REDUCE_REPLY, m->step, m->barrier_id, s->last_red, s->last_red_n);
         return;
@@ -772,7 +799,7 @@ static void on_reduce(ts_shard *s, const ts_proto_identity *from, const ts_proto
     }
     const shard_worker *late = late_joiner(s, m->step, m->barrier_id, m->generation);
     if (late) {
-        skip_reduction(s, from, m->step, m->generation, late);
+        skip_reduction(s, from, m->step, m->barrier_id, m->generation, late);
         return;
     }
     if (s->reducing && (m->step != s->red_step || m->barrier_id != s->red_id)) {

@@ -65,6 +65,7 @@ typedef struct {
     bool exit_end;        /* TESSERA_FAULT ends the leader in ps_finish */
     int64_t hold_at;      /* TESSERA_FAULT's step whose evaluation rank 1 holds (hold_for_join), or -1 */
     bool hold_exit;       /* ... and then ends, not sends its part */
+    int64_t end_hold_at;  /* TESSERA_FAULT's step whose end rank 1 holds (async, bounded), or -1 */
 } ps_strategy;
 
 /* Takes the live workers of the client's roster as this worker's group;
@@ -281,7 +282,9 @@ static ts_status ps_sq_norm(ts_strategy *s, double *global) {
  * "leader_exit@end" ends the leader once it wrote the run's end, before
  * it says so (ps_finish); "eval_hold@K" makes rank 1 hold its part of
  * step K's first evaluation until a worker joined, then send it, and
- * "eval_exit@K" end then (hold_for_join). Workers that join the running
+ * "eval_exit@K" end then (hold_for_join); "end_hold@K" (async, bounded)
+ * holds rank 1 so after its commit of step K, before it takes the group
+ * for the step's log and evaluation. Workers that join the running
  * job (a restart) are not hit. */
 static bool fault_due(const ps_strategy *d, int64_t step) {
     return step == d->exit_at && (d->all_exit || d->base.group.leader);
@@ -299,12 +302,12 @@ static void fault_exit(const ps_strategy *d, int64_t step) {
     if (fault_due(d, step)) exit_for_fault(d, step);
 }
 
-/* Holds this worker's part of the evaluation of step until the job has
- * more workers than its group (up to a minute), for TESSERA_FAULT; then
- * ends the worker (eval_exit) or lets it send its part (eval_hold). */
-static void hold_for_join(ps_strategy *d, int64_t step) {
-    printf("ps: TESSERA_FAULT: rank %d holds its evaluation of step %lld until a worker joins\n",
-           d->base.group.rank, (long long)step);
+/* Holds this worker at what (its part of the evaluation, the end) of step
+ * until the job has more workers than its group (up to a minute), for
+ * TESSERA_FAULT; then ends the worker (eval_exit) or lets it go on. */
+static void hold_for_join(ps_strategy *d, int64_t step, const char *what) {
+    printf("ps: TESSERA_FAULT: rank %d holds %s of step %lld until a worker joins\n", d->base.group.rank, what,
+           (long long)step);
     fflush(stdout);
     d->hold_at = -1;
     for (int i = 0; i < 1200; i++) {
@@ -342,6 +345,7 @@ static ts_status ps_end_step(ts_strategy *s, int64_t step) {
     /* async, bounded: each worker steps on its own, so a group taken at
      * the step's start may name a leader that a change of workers replaced
      * meanwhile; the step is logged (and evaluated) with the group of now */
+    if (!st && !d->sync && step == d->end_hold_at && s->group.rank == 1) hold_for_join(d, step, "the end");
     if (!st && !d->sync) take_group(d);
     /* the last step is reported by the node once the run, evaluation
      * included, is over: the scheduler then ends the job. Async workers
@@ -365,7 +369,7 @@ static ts_status ps_reduce_sums(ts_strategy *s, double *v, int n) {
     ps_strategy *d = (ps_strategy *)s;
     int64_t step = s->trainer->step;
     if (step != d->reduce_step) d->reduce_step = step, d->reductions = 0;
-    if (step == d->hold_at && s->group.rank == 1) hold_for_join(d, step);
+    if (step == d->hold_at && s->group.rank == 1) hold_for_join(d, step, "its evaluation");
     int64_t id = d->reductions + (step >= s->trainer->total_steps ? TS_REDUCE_FINAL : 0);
     ts_status st = ts_ps_client_reduce(d->c, step, id, s->group.generation, v, n);
     if (!st) d->reductions++;
@@ -494,6 +498,8 @@ ts_strategy *ts_strategy_ps_new(const ts_strategy_options *o) {
     d->hold_at = -1;
     if (fault && sscanf(fault, "eval_hold@%lld", &k) == 1 && k > 0) d->hold_at = k;
     if (fault && sscanf(fault, "eval_exit@%lld", &k) == 1 && k > 0) d->hold_at = k, d->hold_exit = true;
+    d->end_hold_at = -1;
+    if (fault && sscanf(fault, "end_hold@%lld", &k) == 1 && k > 0) d->end_hold_at = k;
     /* the loader is made before the join: shard it for the job's workers
      * (its steps per epoch), attach takes the live group */
     d->base.group = (ts_group){.rank = 0, .world = ts_strategy_data_world(o->job)};

@@ -442,11 +442,11 @@ static void test_kill_in_eval(void **state) {
     assert_int_equal(th_leftovers(), 0);
 }
 
-/* Runs a job of 2 workers (up to 3) whose rank 1 holds its part of the
- * evaluation of step 20 (TESSERA_FAULT fault) until a third worker,
- * started by hand, joined; checks that the job and the joiner finish and
+/* Runs a job of 2 workers (up to 3) of the consistency given whose rank 1
+ * holds at step 20 (TESSERA_FAULT fault) until a third worker, started
+ * by hand, joined; checks that the job and the joiner finish and
  * that every evaluation logged scored the whole set. Returns the run. */
-static th_proc join_in_eval_run(const char *name, const char *fault) {
+static th_proc join_in_eval_run(const char *name, const char *fault, const char *consistency) {
     char text[2048], file[128], joiner[128];
     snprintf(text, sizeof text,
              "{\"name\": \"%s\", \"seed\": 5, \"steps\": 40,\n"
@@ -455,15 +455,16 @@ static th_proc join_in_eval_run(const char *name, const char *fault) {
              " \"optimizer\": {\"kind\": \"adamw\", \"lr\": 0.001}, \"schedule\": {\"kind\": \"constant\"},\n"
              " \"train\": {\"batch_size\": 32, \"log_every\": 1, \"eval_every\": 20, \"eval_batches\": 0},\n"
              " \"parallel\": {\"strategy\": \"ps\", \"servers\": 1, \"workers\": 2, \"max_workers\": 3, "
-             "\"min_workers\": 2, \"max_restarts\": 2, \"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 3000}}\n",
-             name);
+             "\"min_workers\": 2, \"max_restarts\": 2, \"heartbeat_ms\": 100, \"heartbeat_timeout_ms\": 3000, "
+             "\"consistency\": \"%s\"}}\n",
+             name, consistency);
     snprintf(file, sizeof file, "%s.json", name);
     snprintf(joiner, sizeof joiner, "%s-joiner", name);
     const char *job = th_write(file, text), *dir = th_path(name);
     setenv("TESSERA_FAULT", fault, 1);
     th_proc run = start_run(name, job, dir, NULL);
     unsetenv("TESSERA_FAULT");
-    if (th_wait_for(&run, "holds its evaluation of step 20", 120000) != 0) th_dump(&run, "rank 1 held nothing");
+    if (th_wait_for(&run, "until a worker joins", 120000) != 0) th_dump(&run, "rank 1 held nothing");
     th_proc j = th_start_joiner(joiner, job, dir, NULL);
     th_expect_output(&j, "joined rank=", 30000);
     finish_run(&run, 240000);
@@ -480,7 +481,7 @@ static th_proc join_in_eval_run(const char *name, const char *fault) {
  * its part, which never came, until the workers gave up on the shard. */
 static void test_join_in_eval(void **state) {
     (void)state;
-    th_proc run = join_in_eval_run("ps-join-in-eval", "eval_hold@20");
+    th_proc run = join_in_eval_run("ps-join-in-eval", "eval_hold@20", "sync");
     if (th_count(&run, "eval val at step 20") != 1) th_dump(&run, "step 20's evaluation was not logged once");
     assert_int_equal(th_leftovers(), 0);
 }
@@ -491,9 +492,25 @@ static void test_join_in_eval(void **state) {
  * never comes, nor log the survivors' part as the whole). */
 static void test_join_exit_in_eval(void **state) {
     (void)state;
-    th_proc run = join_in_eval_run("ps-join-exit-in-eval", "eval_exit@20");
+    th_proc run = join_in_eval_run("ps-join-exit-in-eval", "eval_exit@20", "sync");
     if (th_count(&run, "evaluation at step 20 skipped") < 1 || th_count(&run, "eval val at step 20") != 0)
         th_dump(&run, "the evaluation of step 20 was not skipped");
+    assert_int_equal(th_leftovers(), 0);
+}
+
+/* Async: a worker joins after rank 1 took step 20 and before it takes the
+ * group for its evaluation (TESSERA_FAULT end_hold@20). Rank 1's group
+ * counts the joiner, which does not evaluate step 20: shard 0 skips the
+ * evaluation for every worker in it. Before, it answered rank 1 alone;
+ * rank 0 waited for rank 1's part until it gave up on the shard (30 s),
+ * and the job went on only by restarting it. */
+static void test_join_in_eval_async(void **state) {
+    (void)state;
+    th_proc run = join_in_eval_run("ps-join-in-eval-async", "end_hold@20", "async");
+    if (th_count(&run, "evaluation at step 20 skipped") != 2 || th_count(&run, "eval val at step 20") != 0)
+        th_dump(&run, "the evaluation of step 20 was not skipped by both workers");
+    if (th_count(&run, "did not answer the reduction") + th_count(&run, "restarting it") > 0)
+        th_dump(&run, "a worker waited for a part of a skipped evaluation");
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -835,7 +852,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_many_shards),
         cmocka_unit_test(test_async_bounded),   cmocka_unit_test(test_join),
         cmocka_unit_test(test_kill_worker),     cmocka_unit_test(test_leader_exit), cmocka_unit_test(test_kill_in_eval), cmocka_unit_test(test_join_in_eval),
-        cmocka_unit_test(test_join_exit_in_eval), cmocka_unit_test(test_leader_exit_last), cmocka_unit_test(test_leader_exit_end_async),
+        cmocka_unit_test(test_join_exit_in_eval), cmocka_unit_test(test_join_in_eval_async), cmocka_unit_test(test_leader_exit_last), cmocka_unit_test(test_leader_exit_end_async),
         cmocka_unit_test(test_workers_exit),    cmocka_unit_test(test_workers_exit_async),
         cmocka_unit_test(test_kill_shard),      cmocka_unit_test(test_stop_shard),
         cmocka_unit_test(test_kill_primary),    cmocka_unit_test(test_kill_primary_twice),

@@ -32,6 +32,7 @@ typedef struct {
     int nvalues;
     float *data; /* a pull's parameters */
     size_t nfloats;
+    unsigned char to; /* the first byte of the peer's identity */
 } reply_rec;
 
 static reply_rec replies[64];
@@ -39,10 +40,11 @@ static int nreplies;
 
 static void capture(void *ctx, const ts_proto_identity *to, const ts_proto_msg *m, const ts_proto_payload *p,
                     size_t np) {
-    (void)ctx, (void)to;
+    (void)ctx;
     assert_true(nreplies < 64);
     reply_rec *r = &replies[nreplies++];
     memset(r, 0, sizeof *r);
+    r->to = to->data[0];
     r->type = m->type, r->code = m->code, r->step = m->step, r->generation = m->generation;
     if (m->type == TS_MSG_PULL_REPLY) {
         for (size_t i = 0; i < np; i++) r->nfloats += p[i].size / 4;
@@ -473,7 +475,8 @@ static void test_reduce_sums_over_workers(void **state) {
     ts_shard_free(s);
 }
 
-/* REDUCE id of step from worker rank in generation g: values a[0..3). */
+/* REDUCE id of step from worker rank in generation g: values a[0..3),
+ * sent from an identity of its own (its first byte the rank). */
 static void reduce(ts_shard *s, int32_t rank, int64_t step, int64_t id, uint64_t g, const double *a) {
     ts_proto_msg m = request(TS_MSG_REDUCE, rank, step, g);
     m.barrier_id = id;
@@ -481,7 +484,8 @@ static void reduce(ts_shard *s, int32_t rank, int64_t step, int64_t id, uint64_t
     uint64_t bytes = 3 * 8;
     ts_proto_frame f = {a, bytes};
     m.lengths = &bytes, m.nlengths = 1, m.payload = &f;
-    ts_shard_handle(s, &who, &m);
+    ts_proto_identity from = {{(unsigned char)rank}, 1};
+    ts_shard_handle(s, &from, &m);
 }
 
 /* A worker that joined after step 1 takes no part in its evaluations: the
@@ -519,6 +523,35 @@ static void test_reduce_leaves_out_a_late_joiner(void **state) {
     assert_int_equal(replies[7].code, TS_PROTO_E_SKIP);
     reduce(s, 2, 1, 3, 3, a);
     assert_int_equal(replies[8].code, TS_PROTO_E_SKIP);
+    free(g);
+    forget_replies();
+    ts_shard_free(s);
+}
+
+/* Async: worker 3 took step 1 and waits in its evaluation; rank 4 joins
+ * once both workers took it, and worker 2's group counts it: the
+ * evaluation is skipped for both (worker 3 would wait for worker 2's
+ * part), and for a repeat of it. */
+static void test_skip_answers_every_worker_in_it(void **state) {
+    (void)state;
+    ts_shard *s = make_shard("async", 0, NULL);
+    float *g = gradient(2);
+    commit_all(s, 2, 3, 1, 1, g);
+    assert_int_equal(ts_shard_step(s), 1);
+    forget_replies();
+    double a[3] = {1, 2, 3};
+    reduce(s, 3, 1, 0, 1, a);
+    assert_int_equal(nreplies, 0);
+    set_workers(s, 2, (int32_t[]){2, 3, 4}, 3);
+    reduce(s, 2, 1, 0, 2, a);
+    assert_int_equal(nreplies, 2);
+    assert_int_equal(replies[0].code, TS_PROTO_E_SKIP);
+    assert_int_equal(replies[0].to, 2);
+    assert_int_equal(replies[1].code, TS_PROTO_E_SKIP);
+    assert_int_equal(replies[1].to, 3);
+    reduce(s, 3, 1, 0, 1, a);
+    assert_int_equal(nreplies, 3);
+    assert_int_equal(replies[2].code, TS_PROTO_E_SKIP);
     free(g);
     forget_replies();
     ts_shard_free(s);
@@ -657,6 +690,7 @@ int main(void) {
         cmocka_unit_test(test_reduce_leaves_out_a_late_joiner),
         cmocka_unit_test(test_reduce_of_two_worker_sets_is_redone),
         cmocka_unit_test(test_worker_back_under_its_rank_left),
+        cmocka_unit_test(test_skip_answers_every_worker_in_it),
         cmocka_unit_test(test_spare_takes_the_state),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
