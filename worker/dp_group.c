@@ -309,11 +309,15 @@ ts_status ts_dp_group_attach(ts_dp_group *g) {
     return st ? st : ts_dp_group_regroup(g);
 }
 
-/* Exits for TESSERA_FAULT (ts_dp_group_fault). */
-static void fault_exit(const ts_dp_group *g) {
+/* Exits for TESSERA_FAULT (ts_dp_group_fault), once the chunks this rank
+ * queued have gone out: the step it took is taken by its peers too. (A
+ * bare _exit may lose the last chunk of the step's collective in the
+ * ZeroMQ I/O thread, and a slower peer then fails the step instead.) */
+static void fault_exit(ts_dp_group *g) {
     printf("%s: TESSERA_FAULT: rank %d exits after step %lld\n", g->what, g->s->group.rank,
            (long long)g->s->trainer->step);
     fflush(stdout);
+    ts_dp_group_close(g);
     _exit(3);
 }
 
@@ -326,7 +330,7 @@ ts_status ts_dp_group_fault(ts_dp_group *g) {
                     (long long)taken + 1);
 }
 
-void ts_dp_group_save_fault(const ts_dp_group *g) {
+void ts_dp_group_save_fault(ts_dp_group *g) {
     const ts_group *r = &g->s->group;
     if (g->s->trainer->step == g->save_exit_at && r->world >= 3 && r->rank == r->world - 1) fault_exit(g);
 }
@@ -392,5 +396,8 @@ ts_status ts_dp_group_end_step(ts_dp_group *g, int64_t step) {
     if (step == g->exit_at && g->s->group.rank == 0) fault_exit(g);
     uint64_t now = ts_comm_sent_bytes(g->comm);
     if (now >= g->sent_at_start) g->s->times.sent_bytes = now - g->sent_at_start; /* one communicator all step */
+    /* the last step is reported by the node once the run, evaluation and
+     * checkpoint included, is over: the scheduler then ends the job */
+    if (step >= g->s->trainer->total_steps) return TS_OK;
     return ts_member_step_done(g->s->member, step);
 }

@@ -109,7 +109,7 @@ ts_status ts_dp_group_fault(ts_dp_group *g);
 
 /* Exits for save_exit@K (see ts_dp_group_fault): called where a rank has
  * written its part of the checkpoint of the step it took last. */
-void ts_dp_group_save_fault(const ts_dp_group *g);
+void ts_dp_group_save_fault(ts_dp_group *g);
 
 /* Starts op and finishes it (ts_dp_group_finish). */
 ts_status ts_dp_group_run(ts_dp_group *g, ts_comm_op *op);

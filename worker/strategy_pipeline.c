@@ -920,7 +920,11 @@ static ts_status pipe_forward(ts_strategy *s, ts_tensor *x, ts_tensor **out) {
     return st ? stage_error(p) : TS_OK;
 }
 
-static ts_status pipe_end_step(ts_strategy *s, int64_t step) { return ts_member_step_done(s->member, step); }
+/* Reports the step to the scheduler; the last one is reported by the node
+ * once the run, evaluation and checkpoint included, is over. */
+static ts_status pipe_end_step(ts_strategy *s, int64_t step) {
+    return step >= s->trainer->total_steps ? TS_OK : ts_member_step_done(s->member, step);
+}
 
 /* Replica 0's stages save their parts, then the leader the index; the
  * barriers make the index appear only once every part is written. */

@@ -530,10 +530,24 @@ th_proc th_start_joiner(const char *tag, const char *job, const char *dir, const
     return th_start(tag, argv);
 }
 
+/* Fails unless the scheduler ended the job (SHUTDOWN) after the final
+ * evaluation: a job that ended while its workers evaluated has them
+ * stopped, and killed when the evaluation and the final checkpoint take
+ * longer than tessera-run's grace. */
+static void expect_end_after_eval(const th_proc *p) {
+    char *text = th_output(p);
+    const char *end = strstr(text, "SHUTDOWN (code 0)"), *eval = NULL;
+    for (const char *at = text; (at = strstr(at, "eval test at step")); at++) eval = at;
+    bool early = end && eval && eval > end;
+    free(text);
+    if (early) th_dump(p, "the job ended before its final evaluation was over");
+}
+
 void th_run_losses(const char *tag, const char *const *argv, const char *run_dir, double *loss, int steps) {
     th_proc p = th_start(tag, argv);
     if (th_wait(&p, 240000) != 0) th_dump(&p, "the run did not exit 0");
     if (th_losses(run_dir, loss, steps) != steps) th_dump(&p, "the run did not log every step");
+    expect_end_after_eval(&p);
 }
 
 void th_run_job(const char *name, const char *arch, int steps, int batch, int accum, const char *parallel,

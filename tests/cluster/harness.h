@@ -102,7 +102,8 @@ void th_expect_output(const th_proc *p, const char *needle, int timeout_ms);
  * body. Returns its path. */
 const char *th_job_file(const char *name, const char *arch, int steps, int batch, int accum, const char *parallel);
 
-/* Runs argv to completion (exit 0) and reads its run folder's losses. */
+/* Runs argv to completion (exit 0, the job ended after its final
+ * evaluation) and reads its run folder's losses. */
 void th_run_losses(const char *tag, const char *const *argv, const char *run_dir, double *loss, int steps);
 
 /* Runs the job `name` (th_job_file's arguments) in the run folder of its

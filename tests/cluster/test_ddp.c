@@ -28,13 +28,6 @@
 
 #define STEPS 30
 
-static void dump(const th_proc *p, const char *why) {
-    char *text = th_output(p);
-    fprintf(stderr, "---- %s ----\n%s---- end ----\n", p->out, text);
-    free(text);
-    fail_msg("%s", why);
-}
-
 /* A job file: model and data of arch ("mlp" or "gpt"), steps, per-worker
  * batch, strategy, workers; extra is spliced into "parallel". */
 static const char *job_file(const char *name, const char *arch, int steps, int batch, const char *strategy,
@@ -61,13 +54,6 @@ static const char *job_file(const char *name, const char *arch, int steps, int b
     return th_write(file, text);
 }
 
-/* Runs argv to completion (exit 0) and reads its run folder's losses. */
-static void run_for_losses(const char *tag, const char *const *argv, const char *run_dir, double *loss, int steps) {
-    th_proc p = th_start(tag, argv);
-    if (th_wait(&p, 240000) != 0) dump(&p, "the run did not exit 0");
-    if (th_losses(run_dir, loss, steps) != steps) dump(&p, "the run did not log every step");
-}
-
 /* The losses of a local run of arch at batch. */
 static void local_losses(const char *arch, int batch, double *loss) {
     char name[64];
@@ -75,7 +61,7 @@ static void local_losses(const char *arch, int batch, double *loss) {
     const char *job = job_file(name, arch, STEPS, batch, "local", 1, "");
     const char *dir = th_path(name);
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
-    run_for_losses(name, argv, dir, loss, STEPS);
+    th_run_losses(name, argv, dir, loss, STEPS);
 }
 
 /* DDP with w workers at per-worker batch b (and extra parallel fields)
@@ -88,7 +74,7 @@ static void equivalence(const char *arch, int w, int b, const char *extra) {
     const char *job = job_file(name, arch, STEPS, b, "ddp", w, extra);
     const char *dir = th_path(name);
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
-    run_for_losses(name, argv, dir, got, STEPS);
+    th_run_losses(name, argv, dir, got, STEPS);
     for (int s = 1; s <= STEPS; s++)
         if (!(fabs(got[s] - want[s]) <= 1e-5 * fabs(want[s])))
             fail_msg("%s, %d workers: step %d loss %.7f, local %.7f", arch, w, s, got[s], want[s]);
@@ -189,7 +175,7 @@ static int epoch_run(const char *name, const char *job, double *loss, int max, c
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, "--set", "train.epochs=1",
                           "--set", "train.eval_batches=1", NULL};
     th_proc p = th_start(name, argv);
-    if (th_wait(&p, 240000) != 0) dump(&p, "the run did not exit 0");
+    if (th_wait(&p, 240000) != 0) th_dump(&p, "the run did not exit 0");
     char *text = th_output(&p);
     const char *v = strstr(text, "eval val at step");
     snprintf(val, cap, "%.*s", v ? (int)strcspn(v, "\n") : 0, v ? v : "");
@@ -223,12 +209,12 @@ static void expect_final_accuracy(const char *tag, const char *dir, int steps) {
     snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-%d", dir, steps);
     const char *eargv[] = {"tessera-run", "--eval", ckpt, NULL};
     th_proc ev = th_start(tag, eargv);
-    if (th_wait(&ev, 60000) != 0) dump(&ev, "--eval of the final checkpoint failed");
+    if (th_wait(&ev, 60000) != 0) th_dump(&ev, "--eval of the final checkpoint failed");
     char *text = th_output(&ev);
     const char *a = strstr(text, "accuracy ");
     double acc = a ? atof(a + 9) : 0;
     free(text);
-    if (acc < 75) dump(&ev, "the final checkpoint evaluates below 75%");
+    if (acc < 75) th_dump(&ev, "the final checkpoint evaluates below 75%");
 }
 
 /* Long enough for a worker that comes after the start (it loads its data
@@ -247,8 +233,8 @@ static th_proc start_to_step_20(const char *name, int workers, const char *extra
     const char *job = job_file(name, "mlp", FAILURE_STEPS, 32, "ddp", workers, extra);
     const char *argv[] = {"tessera-run", job, "--run-dir", th_path(name), NULL};
     th_proc run = th_start(name, argv);
-    if (th_wait_count(&run, "joined rank=", workers, 60000) != 0) dump(&run, "not every worker joined");
-    if (th_wait_for(&run, at_20, 60000) != 0) dump(&run, "no step 20");
+    if (th_wait_count(&run, "joined rank=", workers, 60000) != 0) th_dump(&run, "not every worker joined");
+    if (th_wait_for(&run, at_20, 60000) != 0) th_dump(&run, "no step 20");
     return run;
 }
 
@@ -260,8 +246,8 @@ static void stop_leader_of_3(th_proc *run) {
         if (th_joined_worker(run, i, &pid) == 0) leader = pid;
     assert_true(leader > 0);
     kill(leader, SIGSTOP);
-    if (th_wait_for(run, "is stopped: killing it", 20000) != 0) dump(run, "the stopped leader was not killed");
-    if (th_wait_for(run, "world size 2 -> 3 workers", 30000) != 0) dump(run, "the restarted leader did not join");
+    if (th_wait_for(run, "is stopped: killing it", 20000) != 0) th_dump(run, "the stopped leader was not killed");
+    if (th_wait_for(run, "world size 2 -> 3 workers", 30000) != 0) th_dump(run, "the restarted leader did not join");
 }
 
 /* kill -9 of one of 4 workers mid-training: the survivors name it, redo the
@@ -273,9 +259,9 @@ static void test_kill_worker(void **state) {
     int rank = th_joined_worker(&run, 2, &victim);
     assert_true(rank >= 0);
     kill(victim, SIGKILL);
-    if (th_wait_for(&run, "world size 4 -> 3 workers", 10000) != 0) dump(&run, "no new generation of 3");
-    if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0 after losing a worker");
-    if (th_count(&run, "dropped") < 1) dump(&run, "no survivor named the lost connection");
+    if (th_wait_for(&run, "world size 4 -> 3 workers", 10000) != 0) th_dump(&run, "no new generation of 3");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after losing a worker");
+    if (th_count(&run, "dropped") < 1) th_dump(&run, "no survivor named the lost connection");
     expect_final_accuracy("ddp-kill-eval", th_path("ddp-kill"), FAILURE_STEPS);
     assert_int_equal(th_leftovers(), 0);
 }
@@ -290,8 +276,8 @@ static void test_stop_leader(void **state) {
     (void)state;
     th_proc run = start_to_step_20("ddp-stop-leader", 3, "\"max_restarts\": 1");
     stop_leader_of_3(&run);
-    if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0 after restarting the leader");
-    if (th_count(&run, "goes back") > 0) dump(&run, "the restarted leader sent the job back to its first step");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after restarting the leader");
+    if (th_count(&run, "goes back") > 0) th_dump(&run, "the restarted leader sent the job back to its first step");
     expect_final_accuracy("ddp-stop-leader-eval", th_path("ddp-stop-leader"), FAILURE_STEPS);
     assert_int_equal(th_leftovers(), 0);
 }
@@ -312,12 +298,12 @@ static void test_leader_back(void **state) {
     th_proc run = start_to_step_20(name, 3, "\"max_restarts\": 2, \"min_workers\": 2");
     stop_leader_of_3(&run);
     pid_t leader;
-    if (th_joined_worker(&run, 3, &leader) != 0) dump(&run, "the restarted leader did not get rank 0 back");
+    if (th_joined_worker(&run, 3, &leader) != 0) th_dump(&run, "the restarted leader did not get rank 0 back");
     int led = th_count(&run, "[worker 0] step ");
     if (th_wait_count(&run, "[worker 0] step ", led + 20, 60000) != 0)
-        dump(&run, "the restarted leader logged no step");
+        th_dump(&run, "the restarted leader logged no step");
     kill(leader, SIGKILL);
-    if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0 after the leader came back and died");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after the leader came back and died");
     th_expect_steps_once(th_path(name), FAILURE_STEPS);
     assert_int_equal(th_leftovers(), 0);
 }
@@ -333,20 +319,20 @@ static void test_kill_all_workers(void **state) {
     const char *job = job_file(name, "mlp", FAILURE_STEPS, 32, "ddp", 2, "\"max_restarts\": 2");
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, "--set", "train.checkpoint_every=400", NULL};
     th_proc run = th_start(name, argv);
-    if (th_wait_count(&run, "joined rank=", 2, 60000) != 0) dump(&run, "not every worker joined");
+    if (th_wait_count(&run, "joined rank=", 2, 60000) != 0) th_dump(&run, "not every worker joined");
     char at[32];
     snprintf(at, sizeof at, "step 900/%d", FAILURE_STEPS);
-    if (th_wait_for(&run, at, 60000) != 0) dump(&run, "no step 900");
+    if (th_wait_for(&run, at, 60000) != 0) th_dump(&run, "no step 900");
     pid_t pid[2] = {-1, -1};
     for (int i = 0; i < 2; i++) assert_true(th_joined_worker(&run, i, &pid[i]) >= 0);
     kill(pid[0], SIGKILL);
     kill(pid[1], SIGKILL);
-    if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0 after losing both workers");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 after losing both workers");
     char *text = th_output(&run);
     const char *resumed = strstr(text, "resumed at step ");
     long long step = resumed ? atoll(resumed + 16) : 0;
     free(text);
-    if (step < 800) dump(&run, "the restarted workers did not go on from the checkpoint of step 800 or later");
+    if (step < 800) th_dump(&run, "the restarted workers did not go on from the checkpoint of step 800 or later");
     th_expect_steps_once(dir, FAILURE_STEPS);
     expect_final_accuracy("ddp-kill-all-eval", dir, FAILURE_STEPS);
     assert_int_equal(th_leftovers(), 0);
@@ -384,9 +370,9 @@ static void test_final_checkpoint_fails(void **state) {
     th_write("ddp-final-ckpt/checkpoints", "not a folder\n");
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
     th_proc run = th_start("ddp-final-ckpt", argv);
-    if (th_wait(&run, 120000) != 1) dump(&run, "tessera-run did not exit 1 when the final checkpoint failed");
+    if (th_wait(&run, 120000) != 1) th_dump(&run, "tessera-run did not exit 1 when the final checkpoint failed");
     if (th_count(&run, "[run] job ddp-final-ckpt failed: worker") < 1 || th_count(&run, "cannot create folder") < 1)
-        dump(&run, "tessera-run did not name the worker and the checkpoint it could not write");
+        th_dump(&run, "tessera-run did not name the worker and the checkpoint it could not write");
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -451,11 +437,11 @@ static void test_interrupt_rendezvous(void **state) {
     const char *job = th_job_file("ddp-interrupt-rdv", "mlp", 600, 16, 1, "\"strategy\": \"ddp\", \"workers\": 2");
     const char *argv[] = {"tessera-run", job, "--run-dir", th_path("ddp-interrupt-rdv"), NULL};
     th_proc run = th_start("ddp-interrupt-rdv", argv);
-    if (th_wait_for(&run, "[run] scheduler at ", 60000) != 0) dump(&run, "the scheduler did not start");
+    if (th_wait_for(&run, "[run] scheduler at ", 60000) != 0) th_dump(&run, "the scheduler did not start");
     kill(run.pid, SIGINT);
-    if (th_wait(&run, 60000) != 128 + SIGINT) dump(&run, "tessera-run did not exit 128 + SIGINT");
-    if (th_count(&run, "] step 1/600 ") != 0) dump(&run, "the workers joined before the signal: no rendezvous to interrupt");
-    if (th_count(&run, "saved a checkpoint (") != 0) dump(&run, "tessera-run claims a checkpoint no worker saved");
+    if (th_wait(&run, 60000) != 128 + SIGINT) th_dump(&run, "tessera-run did not exit 128 + SIGINT");
+    if (th_count(&run, "] step 1/600 ") != 0) th_dump(&run, "the workers joined before the signal: no rendezvous to interrupt");
+    if (th_count(&run, "saved a checkpoint (") != 0) th_dump(&run, "tessera-run claims a checkpoint no worker saved");
     th_expect_output(&run, "its workers saved nothing now", 0);
     th_expect_output(&run, "holds no checkpoint", 0);
     assert_int_equal(th_leftovers(), 0);
@@ -472,22 +458,22 @@ static void test_interrupt_restart(void **state) {
                                "\"min_workers\": 2, \"max_restarts\": 1");
     const char *argv[] = {"tessera-run", job, "--run-dir", th_path("ddp-interrupt-restart"), NULL};
     th_proc run = th_start("ddp-interrupt-restart", argv);
-    if (th_wait_count(&run, "joined rank=", 3, 60000) != 0) dump(&run, "not 3 workers joined");
-    if (th_wait_for(&run, "step 20/4000", 60000) != 0) dump(&run, "no step 20");
+    if (th_wait_count(&run, "joined rank=", 3, 60000) != 0) th_dump(&run, "not 3 workers joined");
+    if (th_wait_for(&run, "step 20/4000", 60000) != 0) th_dump(&run, "no step 20");
     pid_t victim = -1;
     assert_true(th_joined_worker(&run, 2, &victim) >= 0);
     kill(victim, SIGKILL);
-    if (th_wait_for(&run, ": restarted as pid ", 20000) != 0) dump(&run, "the killed worker was not restarted");
+    if (th_wait_for(&run, ": restarted as pid ", 20000) != 0) th_dump(&run, "the killed worker was not restarted");
     double t0 = th_now_ms();
     kill(run.pid, SIGINT);
-    if (th_wait(&run, 60000) != 128 + SIGINT) dump(&run, "tessera-run did not exit 128 + SIGINT");
-    if (th_count(&run, "its workers stopped and saved a checkpoint") != 1) dump(&run, "the workers did not stop");
-    if (th_count(&run, "joined rank=") != 3) dump(&run, "the restarted worker joined before the signal");
+    if (th_wait(&run, 60000) != 128 + SIGINT) th_dump(&run, "tessera-run did not exit 128 + SIGINT");
+    if (th_count(&run, "its workers stopped and saved a checkpoint") != 1) th_dump(&run, "the workers did not stop");
+    if (th_count(&run, "joined rank=") != 3) th_dump(&run, "the restarted worker joined before the signal");
     /* the restarted worker gave up its join into the stopping job, or was
      * stopped when the job ended */
     if (th_count(&run, "no worker joins it") + th_count(&run, "never joined the job, which has ended") < 1)
-        dump(&run, "the restarted worker neither gave up nor was stopped");
-    if (th_now_ms() - t0 > 20000) dump(&run, "tessera-run waited out the drain for the restarted worker");
+        th_dump(&run, "the restarted worker neither gave up nor was stopped");
+    if (th_now_ms() - t0 > 20000) th_dump(&run, "tessera-run waited out the drain for the restarted worker");
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -498,12 +484,12 @@ static void test_join(void **state) {
     const char *dir = th_path("ddp-join");
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, NULL};
     th_proc run = th_start("ddp-join", argv);
-    if (th_wait_for(&run, "step 10/2000", 60000) != 0) dump(&run, "no step 10");
+    if (th_wait_for(&run, "step 10/2000", 60000) != 0) th_dump(&run, "no step 10");
     th_proc joiner = th_start_joiner("ddp-joiner", job, dir, NULL);
-    if (th_wait_for(&run, "world size 2 -> 3 workers", 20000) != 0) dump(&run, "no generation of 3");
-    if (th_wait(&joiner, 240000) != 0) dump(&joiner, "the joined worker did not exit 0");
-    if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0 with a joined worker");
-    if (th_count(&run, "all workers completed 2000 steps") < 1) dump(&run, "not every worker completed the steps");
+    if (th_wait_for(&run, "world size 2 -> 3 workers", 20000) != 0) th_dump(&run, "no generation of 3");
+    if (th_wait(&joiner, 240000) != 0) th_dump(&joiner, "the joined worker did not exit 0");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0 with a joined worker");
+    if (th_count(&run, "all workers completed 2000 steps") < 1) th_dump(&run, "not every worker completed the steps");
     assert_int_equal(th_leftovers(), 0);
 }
 
@@ -515,8 +501,8 @@ static void expect_join_refused(const char *tag, const char *run_dir, const char
     const char *more[] = {"--set", set1, "--set", set2, "--run-dir", th_path(tag), NULL};
     th_proc joiner = th_start_joiner(tag, job, run_dir, more);
     int rc = th_wait(&joiner, 30000);
-    if (rc <= 0) dump(&joiner, "a worker of another job did not give up its join");
-    if (th_count(&joiner, "model, optimizer or schedule differ") != 1) dump(&joiner, "the refusal does not say why");
+    if (rc <= 0) th_dump(&joiner, "a worker of another job did not give up its join");
+    if (th_count(&joiner, "model, optimizer or schedule differ") != 1) th_dump(&joiner, "the refusal does not say why");
 }
 
 /* A worker whose job file has another model or another strategy is
@@ -530,11 +516,11 @@ static void test_join_other_job(void **state) {
      * a 1.5 s heartbeat timeout declared both of its workers dead */
     const char *argv[] = {"tessera-run", job, "--run-dir", dir, "--set", "parallel.heartbeat_timeout_ms=5000", NULL};
     th_proc run = th_start("ddp-join-other", argv);
-    if (th_wait_for(&run, "step 10/4000", 60000) != 0) dump(&run, "no step 10");
+    if (th_wait_for(&run, "step 10/4000", 60000) != 0) th_dump(&run, "no step 10");
     expect_join_refused("other-model", dir, job, "model.hidden=[32]", "steps=4000");
     expect_join_refused("other-strategy", dir, job, "parallel.strategy=ps", "parallel.servers=1");
-    if (th_wait(&run, 240000) != 0) dump(&run, "tessera-run did not exit 0");
-    if (th_count(&run, "world size 2 -> 3") != 0) dump(&run, "a worker of another job joined");
+    if (th_wait(&run, 240000) != 0) th_dump(&run, "tessera-run did not exit 0");
+    if (th_count(&run, "world size 2 -> 3") != 0) th_dump(&run, "a worker of another job joined");
     th_expect_steps_once(dir, 4000);
     assert_int_equal(th_leftovers(), 0);
 }
