@@ -774,14 +774,13 @@ static void on_reduce(ts_shard *s, const ts_proto_identity *from, const ts_proto
     shard_worker *w;
     if (!check_values(s, from, m, 0) || !(w = live_sender(s, from, m))) return;
     int n = (int)(m->payload[0].size / sizeof(double));
-    if (m->step == s->last_red_step && m->barrier_id == s->last_red_id && !s->last_red_n) {
-        refuse(s, from, m, TS_PROTO_E_SKIP, "reduction %lld of step %lld was skipped: a worker counted in it joined "
-               "after the step; the workers go on without this evaluation",
-               (long long)(m->barrier_id & ~TS_REDUCE_FINAL), (long long)m->step);
-        return;
-    }
-    if (m->step == s->last_red_step && m->barrier_id == s->last_red_id) {
-        send_values(s, from, TS_MSG_REDUCE_REPLY, m->step, m->barrier_id, s->last_red, s->last_red_n);
+    if (m->step == s->last_red_step && m->barrier_id == s->last_red_id) { /* a repeat: the same answer */
+        if (s->last_red_n)
+            send_values(s, from, TS_MSG_REDUCE_REPLY, m->step, m->barrier_id, s->last_red, s->last_red_n);
+        else
+            refuse(s, from, m, TS_PROTO_E_SKIP, "reduction %lld of step %lld was skipped: a worker counted in it "
+                   "joined after the step; the workers go on without this evaluation",
+                   (long long)(m->barrier_id & ~TS_REDUCE_FINAL), (long long)m->step);
         return;
     }
     if (m->step == s->last_red_step && m->barrier_id < s->last_red_id) {

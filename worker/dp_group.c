@@ -396,8 +396,5 @@ ts_status ts_dp_group_end_step(ts_dp_group *g, int64_t step) {
     if (step == g->exit_at && g->s->group.rank == 0) fault_exit(g);
     uint64_t now = ts_comm_sent_bytes(g->comm);
     if (now >= g->sent_at_start) g->s->times.sent_bytes = now - g->sent_at_start; /* one communicator all step */
-    /* the last step is reported by the node once the run, evaluation and
-     * checkpoint included, is over: the scheduler then ends the job */
-    if (step >= g->s->trainer->total_steps) return TS_OK;
-    return ts_member_step_done(g->s->member, step);
+    return ts_strategy_step_done(g->s, step);
 }

@@ -1,6 +1,7 @@
 /* strategy.c - making a strategy by name, and what cluster strategies share:
  * following the scheduler's generations, voting on its STOP. */
 #include "worker/strategy.h"
+#include "worker/trainer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +46,10 @@ ts_strategy *ts_strategy_create(const ts_strategy_options *o) {
 
 void ts_strategy_free(ts_strategy *s) {
     if (s) s->ops->free(s);
+}
+
+ts_status ts_strategy_step_done(ts_strategy *s, int64_t step) {
+    return step >= s->trainer->total_steps ? TS_OK : ts_member_step_done(s->member, step);
 }
 
 int ts_strategy_data_world(const ts_job *job) {

@@ -174,6 +174,11 @@ void ts_strategy_free(ts_strategy *s);
  * so a job of train.epochs, follow from it. */
 int ts_strategy_data_world(const ts_job *job);
 
+/* Tells the scheduler this worker finished step. The job's last step is
+ * not told here: the node tells it once the run, final evaluation and
+ * checkpoint included, is over, and the scheduler then ends the job. */
+ts_status ts_strategy_step_done(ts_strategy *s, int64_t step);
+
 /* The constructors of ts_strategy_create's table (strategy_<name>.c). */
 ts_strategy *ts_strategy_local_new(const ts_strategy_options *o);
 ts_strategy *ts_strategy_standin_new(const ts_strategy_options *o);

@@ -920,11 +920,7 @@ static ts_status pipe_forward(ts_strategy *s, ts_tensor *x, ts_tensor **out) {
     return st ? stage_error(p) : TS_OK;
 }
 
-/* Reports the step to the scheduler; the last one is reported by the node
- * once the run, evaluation and checkpoint included, is over. */
-static ts_status pipe_end_step(ts_strategy *s, int64_t step) {
-    return step >= s->trainer->total_steps ? TS_OK : ts_member_step_done(s->member, step);
-}
+static ts_status pipe_end_step(ts_strategy *s, int64_t step) { return ts_strategy_step_done(s, step); }
 
 /* Replica 0's stages save their parts, then the leader the index; the
  * barriers make the index appear only once every part is written. */

@@ -347,13 +347,11 @@ static ts_status ps_end_step(ts_strategy *s, int64_t step) {
      * meanwhile; the step is logged (and evaluated) with the group of now */
     if (!st && !d->sync && step == d->end_hold_at && s->group.rank == 1) hold_for_join(d, step, "the end");
     if (!st && !d->sync) take_group(d);
-    /* the last step is reported by the node once the run, evaluation
-     * included, is over: the scheduler then ends the job. Async workers
-     * report no other step: they are never all at one step, and a change
-     * of workers (a death, a join) waits for that at the scheduler */
-    if (!st && d->sync && !s->finished && d->rollback_to < 0 && step > d->reported &&
-        step < s->trainer->total_steps) {
-        st = ts_member_step_done(s->member, step);
+    /* async workers report no step but the last (ts_strategy_step_done,
+     * by the node): they are never all at one step, and a change of
+     * workers (a death, a join) waits for that at the scheduler */
+    if (!st && d->sync && !s->finished && d->rollback_to < 0 && step > d->reported) {
+        st = ts_strategy_step_done(s, step);
         d->reported = step;
     }
     ts_ps_times tm = ts_ps_client_times(d->c);
